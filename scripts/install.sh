@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Creates .venv in the repository root and installs spa_jax, the WebShop environment and the test tools.
+# Idempotent: re-running on an installed tree only checks the installation.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+PIP=".venv/bin/python -m pip"
+$PIP install -q --upgrade pip
+# pyserini (search) depends on torch. Install the CPU build first, pinned, so that pip does not
+# resolve a multi-GB CUDA build; on a GPU machine, a torch already in the venv is kept.
+.venv/bin/python -c "import torch" 2>/dev/null || $PIP install -q "torch==2.13.0"
+$PIP install -q -e envs/webshop -e ".[test]"
+.venv/bin/python -c "import spa_jax, webshop; print('spa_jax installed in .venv')"
