@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Copies this checkout to every host of the slice and installs it there (a venv with jax[tpu]).
+#   scripts/tpu/install.sh --name spa --zone us-east5-a [--project P]
+# Your model weights (a local HF directory) and WebShop data are copied separately, or read from a
+# bucket you mount; see README.md, "Cloud TPU VMs".
+source "$(dirname "$0")/common.sh"
+cd "$(dirname "$0")/../.."
+archive=$(mktemp /tmp/spa_jax.XXXX.tar.gz)
+git archive --format=tar.gz -o "$archive" HEAD
+gcloud compute tpus tpu-vm scp "$archive" "$NAME":/tmp/spa_jax.tar.gz "${GCLOUD_ARGS[@]}" --worker=all
+rm -f "$archive"
+on_all_hosts "set -e; mkdir -p $REPO_DIR && tar -xzf /tmp/spa_jax.tar.gz -C $REPO_DIR && cd $REPO_DIR \
+  && python3 -m venv .venv && .venv/bin/pip install -q -U pip && .venv/bin/pip install -q 'jax[tpu]' \
+  && bash scripts/install.sh && .venv/bin/python -c 'import jax; print(jax.process_index(), jax.device_count())'"
