@@ -1,0 +1,53 @@
+"""Fixed-size key/value cache for incremental decoding.
+
+Invariant: cache slot index == token position. A token at position p of row b is stored in
+slot p of row b, and a query at position q attends to slots 0..q of its row. Callers therefore
+write each row contiguously from position 0 (padding only at the right end of a chunk); slots
+beyond a row's last written position hold stale data that the position mask hides. Writes at
+positions >= max_len are dropped (useful to park padding tokens).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from spa_jax.models.config import LlamaConfig
+
+# k / v: [layers, batch, max_len, kv_heads, head_dim]
+CACHE_LOGICAL_AXES = ("layers", "batch", "length", "act_kv_heads", "head_dim")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+  """Pytree holding the per-layer keys and values of every row."""
+
+  k: jax.Array  # [layers, batch, max_len, kv_heads, head_dim]
+  v: jax.Array  # [layers, batch, max_len, kv_heads, head_dim]
+
+  @classmethod
+  def init(cls, cfg: LlamaConfig, batch: int, max_len: int, dtype=None) -> KVCache:
+    """Zero cache for `batch` rows of up to `max_len` positions (dtype defaults to cfg.dtype)."""
+    dtype = cfg.compute_jnp_dtype if dtype is None else dtype
+    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+  @property
+  def batch(self) -> int:
+    return self.k.shape[1]
+
+  @property
+  def max_len(self) -> int:
+    return self.k.shape[2]
+
+  def write_layer(
+      self, layer: int, positions_bt: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array
+  ) -> KVCache:
+    """Cache with layer `layer`'s new keys/values stored at each row's `positions_bt` slots."""
+    batch_idx_b1 = jnp.arange(self.batch)[:, None]
+    k = self.k.at[layer, batch_idx_b1, positions_bt].set(k_btkh.astype(self.k.dtype), mode="drop")
+    v = self.v.at[layer, batch_idx_b1, positions_bt].set(v_btkh.astype(self.v.dtype), mode="drop")
+    return KVCache(k=k, v=v)

@@ -1,0 +1,255 @@
+"""Llama decoder (Flax NNX): RMSNorm, half-split RoPE with Llama-3 scaling, GQA, SwiGLU.
+
+Parameters carry logical axis names as `logical_axes` metadata (see `spa_jax.sharding`).
+Projection kernels are `[in, out]` matrices, i.e. the transpose of HF's `Linear.weight`.
+
+Jitted callers avoid NNX dispatch overhead by splitting outside and merging inside:
+
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def forward(state, tokens_bt, positions_bt):
+      model = nnx.merge(graphdef, state)
+      logits_btv, hidden_btd, _ = model(tokens_bt, positions_bt)
+      return logits_btv
+
+The layer stack is unscanned (a Python list of `DecoderLayer`s); checkpoints use that layout.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from spa_jax.models.config import LlamaConfig
+from spa_jax.models.kv_cache import KVCache
+from spa_jax.sharding import constrain
+
+_ACT_BTD = ("batch", "length", "act_embed")
+
+
+class Linear(nnx.Module):
+  """Bias-free `x @ kernel` with an optional LoRA adapter (set by `spa_jax.models.lora`)."""
+
+  def __init__(
+      self, in_features: int, out_features: int, logical_axes: tuple[str, str], cfg: LlamaConfig,
+      *, rngs: nnx.Rngs, init_std: float = 0.02,
+  ):
+    init = jax.nn.initializers.normal(init_std)
+    self.kernel = nnx.Param(
+        init(rngs.params(), (in_features, out_features), cfg.param_jnp_dtype),
+        logical_axes=logical_axes,
+    )
+    self.lora = None
+    self.dtype = cfg.compute_jnp_dtype
+
+  def __call__(self, x_bti: jax.Array) -> jax.Array:
+    y_bto = x_bti @ self.kernel[...].astype(self.dtype)
+    if self.lora is not None:
+      y_bto = y_bto + self.lora(x_bti).astype(y_bto.dtype)
+    return y_bto
+
+
+class RMSNorm(nnx.Module):
+  """Root-mean-square norm computed in float32 (as HF Llama)."""
+
+  def __init__(self, dim: int, cfg: LlamaConfig):
+    self.scale = nnx.Param(jnp.ones((dim,), cfg.param_jnp_dtype), logical_axes=("norm",))
+    self.eps = cfg.rms_norm_eps
+    self.dtype = cfg.compute_jnp_dtype
+
+  def __call__(self, x_btd: jax.Array) -> jax.Array:
+    x32 = x_btd.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return normed.astype(self.dtype) * self.scale[...].astype(self.dtype)
+
+
+def rope_inv_freq(cfg: LlamaConfig) -> np.ndarray:
+  """Per-pair inverse frequencies [head_dim // 2], with Llama-3 scaling when configured."""
+  exponents = np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim
+  inv_freq = 1.0 / (cfg.rope_theta**exponents)
+  s = cfg.rope_scaling
+  if s is None:
+    return inv_freq.astype(np.float32)
+  low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+  high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+  wavelen = 2 * np.pi / inv_freq
+  scaled = np.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
+  smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+      s.high_freq_factor - s.low_freq_factor
+  )
+  smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+  is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+  return np.where(is_medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_cos_sin(positions_bt: jax.Array, cfg: LlamaConfig) -> tuple[jax.Array, jax.Array]:
+  """Half-split RoPE tables cos_bth, sin_bth (float32) for the given positions."""
+  freqs_bth2 = positions_bt.astype(jnp.float32)[..., None] * rope_inv_freq(cfg)
+  angles_bth = jnp.concatenate([freqs_bth2, freqs_bth2], axis=-1)
+  return jnp.cos(angles_bth), jnp.sin(angles_bth)
+
+
+def apply_rope(x_btnh: jax.Array, cos_bth: jax.Array, sin_bth: jax.Array) -> jax.Array:
+  """Rotate pairs (i, i + head_dim/2), HF's `rotate_half` layout."""
+  half = x_btnh.shape[-1] // 2
+  rotated = jnp.concatenate([-x_btnh[..., half:], x_btnh[..., :half]], axis=-1)
+  cos = cos_bth[:, :, None, :].astype(x_btnh.dtype)
+  sin = sin_bth[:, :, None, :].astype(x_btnh.dtype)
+  return x_btnh * cos + rotated * sin
+
+
+def _attention_impl(cfg: LlamaConfig) -> str:
+  if cfg.attention_impl != "auto":
+    return cfg.attention_impl
+  fast_dtype = cfg.compute_jnp_dtype in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+  return "cudnn" if jax.default_backend() == "gpu" and fast_dtype else "xla"
+
+
+class Attention(nnx.Module):
+  """Grouped-query self-attention with RoPE, optionally reading/writing a KV cache."""
+
+  def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    self.q_proj = Linear(d, n * h, ("embed", "heads"), cfg, rngs=rngs)
+    self.k_proj = Linear(d, k * h, ("embed", "kv_heads"), cfg, rngs=rngs)
+    self.v_proj = Linear(d, k * h, ("embed", "kv_heads"), cfg, rngs=rngs)
+    self.o_proj = Linear(n * h, d, ("heads", "embed"), cfg, rngs=rngs)
+
+  def __call__(
+      self, x_btd, cos_bth, sin_bth, positions_bt, attn_mask_bt, cache: KVCache | None, layer: int
+  ) -> tuple[jax.Array, KVCache | None]:
+    cfg = self.cfg
+    b, t, _ = x_btd.shape
+    q_btnh = self.q_proj(x_btd).reshape(b, t, cfg.num_heads, cfg.head_dim)
+    k_btkh = self.k_proj(x_btd).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+    v_btkh = self.v_proj(x_btd).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+    q_btnh = constrain(apply_rope(q_btnh, cos_bth, sin_bth), ("batch", "length", "act_heads", None))
+    k_btkh = apply_rope(k_btkh, cos_bth, sin_bth)
+
+    if cache is None:
+      mask_b11s = None if attn_mask_bt is None else attn_mask_bt.astype(bool)[:, None, None, :]
+      out_btnh = jax.nn.dot_product_attention(
+          q_btnh, k_btkh, v_btkh, mask=mask_b11s, is_causal=True,
+          implementation=_attention_impl(cfg),
+      )
+    else:
+      cache = cache.write_layer(layer, positions_bt, k_btkh, v_btkh)
+      keys_bskh, values_bskh = cache.k[layer], cache.v[layer]
+      slots_s = jnp.arange(cache.max_len)
+      visible_bts = slots_s[None, None, :] <= positions_bt[:, :, None]
+      out_btnh = jax.nn.dot_product_attention(
+          q_btnh, keys_bskh.astype(q_btnh.dtype), values_bskh.astype(q_btnh.dtype),
+          mask=visible_bts[:, None, :, :], implementation="xla",
+      )
+    out_btd = self.o_proj(out_btnh.reshape(b, t, cfg.num_heads * cfg.head_dim))
+    return out_btd, cache
+
+
+class MLP(nnx.Module):
+  """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+  def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+    d, f = cfg.hidden_size, cfg.intermediate_size
+    self.gate_proj = Linear(d, f, ("embed", "mlp"), cfg, rngs=rngs)
+    self.up_proj = Linear(d, f, ("embed", "mlp"), cfg, rngs=rngs)
+    self.down_proj = Linear(f, d, ("mlp", "embed"), cfg, rngs=rngs)
+
+  def __call__(self, x_btd: jax.Array) -> jax.Array:
+    h_btf = jax.nn.silu(self.gate_proj(x_btd)) * self.up_proj(x_btd)
+    return self.down_proj(constrain(h_btf, ("batch", "length", "act_mlp")))
+
+
+class DecoderLayer(nnx.Module):
+  """Pre-norm attention block followed by a pre-norm MLP block."""
+
+  def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+    self.input_layernorm = RMSNorm(cfg.hidden_size, cfg)
+    self.self_attn = Attention(cfg, rngs=rngs)
+    self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x_btd, cos_bth, sin_bth, positions_bt, attn_mask_bt, cache, layer):
+    attn_btd, cache = self.self_attn(
+        self.input_layernorm(x_btd), cos_bth, sin_bth, positions_bt, attn_mask_bt, cache, layer
+    )
+    x_btd = x_btd + attn_btd
+    x_btd = x_btd + self.mlp(self.post_attention_layernorm(x_btd))
+    return constrain(x_btd, _ACT_BTD), cache
+
+
+def _run_layer(layer_module, x_btd, cos_bth, sin_bth, positions_bt, attn_mask_bt):
+  out_btd, _ = layer_module(x_btd, cos_bth, sin_bth, positions_bt, attn_mask_bt, None, 0)
+  return out_btd
+
+
+class Llama(nnx.Module):
+  """Llama causal language model.
+
+  `model(tokens_bt, positions_bt, *, cache=None, attn_mask_bt=None)` returns
+  `(logits_btv, hidden_btd, new_cache)`; `hidden_btd` is the final-normed hidden state and
+  `logits_btv = model.logits_from_hidden(hidden_btd)` (in the compute dtype).
+
+  Without a cache: causal attention over the given tokens; `attn_mask_bt` (1 = real token)
+  hides padding keys. With a cache: the new K/V are written at each row's `positions_bt` and each
+  query sees cache slots with position <= its own (see `kv_cache.py` for the invariant).
+  """
+
+  def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embed = nnx.Param(
+        jax.nn.initializers.normal(0.02)(
+            rngs.params(), (cfg.vocab_size, cfg.hidden_size), cfg.param_jnp_dtype
+        ),
+        logical_axes=("vocab", "embed"),
+    )
+    self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    self.norm = RMSNorm(cfg.hidden_size, cfg)
+    self.lm_head = (
+        None if cfg.tie_embeddings
+        else Linear(cfg.hidden_size, cfg.vocab_size, ("embed", "vocab"), cfg, rngs=rngs)
+    )
+
+  def embed_tokens(self, tokens_bt: jax.Array) -> jax.Array:
+    x_btd = jnp.take(self.embed[...], tokens_bt, axis=0).astype(self.cfg.compute_jnp_dtype)
+    return constrain(x_btd, _ACT_BTD)
+
+  def logits_from_hidden(self, hidden_btd: jax.Array) -> jax.Array:
+    """Vocabulary logits for (any leading shape of) final hidden states, in compute dtype."""
+    if self.lm_head is not None:
+      return self.lm_head(hidden_btd)
+    return hidden_btd @ self.embed[...].astype(hidden_btd.dtype).T
+
+  def __call__(
+      self,
+      tokens_bt: jax.Array,
+      positions_bt: jax.Array,
+      *,
+      cache: KVCache | None = None,
+      attn_mask_bt: jax.Array | None = None,
+      compute_logits: bool = True,
+  ) -> tuple[jax.Array | None, jax.Array, KVCache | None]:
+    if tokens_bt.ndim != 2 or positions_bt.shape != tokens_bt.shape:
+      raise ValueError(
+          f"tokens_bt {tokens_bt.shape} and positions_bt {positions_bt.shape} must both be [batch, time]."
+      )
+    if cache is not None and attn_mask_bt is not None:
+      raise ValueError(
+          "attn_mask_bt is not used with a KV cache: visibility comes from positions_bt "
+          "(pad only at the right end of each row, or give padding positions >= cache.max_len)."
+      )
+    cos_bth, sin_bth = rope_cos_sin(positions_bt, self.cfg)
+    x_btd = self.embed_tokens(tokens_bt)
+    use_remat = cache is None and self.cfg.remat_policy != "none"
+    run = nnx.remat(_run_layer, policy=self.cfg.remat_jax_policy()) if use_remat else _run_layer
+    for i, layer in enumerate(self.layers):
+      if cache is None:
+        x_btd = run(layer, x_btd, cos_bth, sin_bth, positions_bt, attn_mask_bt)
+      else:
+        x_btd, cache = layer(x_btd, cos_bth, sin_bth, positions_bt, None, cache, i)
+    hidden_btd = self.norm(x_btd)
+    logits_btv = self.logits_from_hidden(hidden_btd) if compute_logits else None
+    return logits_btv, hidden_btd, cache
