@@ -1,0 +1,136 @@
+"""The trajectory batch layout shared by the SFT, progress-estimator and PPO steps.
+
+One token sequence per trajectory (instruction, observations and actions of one episode),
+right-padded to a length bucket T; S = the step capacity (>= the longest episode's action count).
+Every per-token array is **token-aligned**: index t describes token t.
+
+| key                 | dtype   | shape  | meaning                                                         |
+|---------------------|---------|--------|-----------------------------------------------------------------|
+| `tokens_bt`         | int32   | [B, T] | token ids; padding after the sequence end (any id)              |
+| `positions_bt`      | int32   | [B, T] | 0, 1, ... along the sequence (padding: continues counting)      |
+| `loss_mask_bt`      | float32 | [B, T] | 1 on the agent's action tokens of environment steps (each action |
+|                     |         |        | turn incl. its end-of-turn token); 0 on instruction, "OK",       |
+|                     |         |        | demonstration, observations, chat headers and padding           |
+| `step_id_bt`        | int32   | [B, T] | step index s of each action token, -1 elsewhere                  |
+| `step_start_idx_bs` | int32   | [B, S] | index of the last token BEFORE action s (end of its prompt: the |
+|                     |         |        | state the critic values); -1 for padding steps                  |
+| `step_end_idx_bs`   | int32   | [B, S] | index of the last token of action s (where the progress         |
+|                     |         |        | estimator reads c_s and step rewards land); -1 for padding      |
+| `step_mask_bs`      | float32 | [B, S] | 1 for the episode's real steps (a prefix: steps 0..n-1)         |
+| `final_reward_b`    | float32 | [B]    | the episode's outcome R (WebShop reward in [0, 1])              |
+
+Steps are environment actions only: a trajectory with one action has one step; invalid actions
+are steps like any other (their grounding signal is 0). The log-probability of token t comes from
+the logits at t-1 (`token_logprobs`), so action tokens never sit at t = 0.
+"""
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+TOKEN_KEYS = ("tokens_bt", "positions_bt", "loss_mask_bt", "step_id_bt")
+STEP_KEYS = ("step_start_idx_bs", "step_end_idx_bs", "step_mask_bs")
+
+
+def check_has_agent_tokens(loss_mask_bt, *, where: str = "batch") -> None:
+  """Raises ValueError when `loss_mask_bt` marks no agent token (a silent zero loss otherwise)."""
+  if not np.any(np.asarray(loss_mask_bt) > 0):
+    raise ValueError(
+        f"{where} has no agent (action) tokens: loss_mask_bt is all zero, so the loss would be 0. "
+        "Check that the chat template's assistant mask covers the action turns and that the "
+        "sequences were not truncated before the first action.")
+
+
+def steps_from_action_mask(action_mask_t: Sequence[int], *, max_steps: int):
+  """Step layout of one sequence from its 0/1 action mask: each contiguous run of 1s is one step.
+
+  Returns numpy `(step_id_t [T], step_start_idx_s [max_steps], step_end_idx_s [max_steps])`.
+  """
+  mask_t = np.asarray(action_mask_t, dtype=np.int32)
+  if mask_t.ndim != 1:
+    raise ValueError(f"action mask must be 1-D, got shape {mask_t.shape}")
+  if mask_t.size and mask_t[0]:
+    raise ValueError("an action cannot start at token 0: it needs a prompt before it")
+  edges = np.diff(np.concatenate([[0], mask_t, [0]]))
+  starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
+  if len(starts) > max_steps:
+    raise ValueError(f"sequence has {len(starts)} action turns but max_steps={max_steps}; "
+                     "raise max_steps (the step capacity S) or cut the episode")
+  step_id_t = np.cumsum(edges[:-1] == 1) - 1
+  step_id_t = np.where(mask_t > 0, step_id_t, -1).astype(np.int32)
+  start_s = np.full(max_steps, -1, np.int32)
+  end_s = np.full(max_steps, -1, np.int32)
+  start_s[:len(starts)] = starts - 1
+  end_s[:len(ends)] = ends
+  return step_id_t, start_s, end_s
+
+
+def make_trajectory_batch(token_rows: Sequence[Sequence[int]],
+                          action_mask_rows: Sequence[Sequence[int]],
+                          final_rewards: Sequence[float] | None = None, *,
+                          seq_len: int, max_steps: int, pad_id: int = 0) -> dict[str, np.ndarray]:
+  """Host-side numpy batch in the layout above from per-trajectory token ids and action masks."""
+  if len(token_rows) != len(action_mask_rows):
+    raise ValueError(f"{len(token_rows)} token rows but {len(action_mask_rows)} action masks")
+  num_rows = len(token_rows)
+  batch = {
+      "tokens_bt": np.full((num_rows, seq_len), pad_id, np.int32),
+      "positions_bt": np.tile(np.arange(seq_len, dtype=np.int32), (num_rows, 1)),
+      "loss_mask_bt": np.zeros((num_rows, seq_len), np.float32),
+      "step_id_bt": np.full((num_rows, seq_len), -1, np.int32),
+      "step_start_idx_bs": np.full((num_rows, max_steps), -1, np.int32),
+      "step_end_idx_bs": np.full((num_rows, max_steps), -1, np.int32),
+      "final_reward_b": np.zeros((num_rows,), np.float32),
+  }
+  for row, (tokens, mask) in enumerate(zip(token_rows, action_mask_rows)):
+    if len(tokens) != len(mask):
+      raise ValueError(f"row {row}: {len(tokens)} tokens but {len(mask)} mask entries")
+    if len(tokens) > seq_len:
+      raise ValueError(f"row {row} has {len(tokens)} tokens > seq_len={seq_len}; "
+                       "use a larger length bucket")
+    step_id_t, start_s, end_s = steps_from_action_mask(mask, max_steps=max_steps)
+    batch["tokens_bt"][row, :len(tokens)] = tokens
+    batch["loss_mask_bt"][row, :len(mask)] = np.asarray(mask) > 0
+    batch["step_id_bt"][row, :len(mask)] = step_id_t
+    batch["step_start_idx_bs"][row] = start_s
+    batch["step_end_idx_bs"][row] = end_s
+  batch["step_mask_bs"] = (batch["step_end_idx_bs"] >= 0).astype(np.float32)
+  if final_rewards is not None:
+    batch["final_reward_b"][:] = np.asarray(final_rewards, np.float32)
+  return batch
+
+
+def token_logprobs(logits_btv: jax.Array, tokens_bt: jax.Array) -> jax.Array:
+  """log pi(token t | tokens < t), token-aligned [B, T] float32; position 0 (no context) is 0."""
+  logits_btv = logits_btv[:, :-1].astype(jnp.float32)
+  next_tokens_bt = tokens_bt[:, 1:]
+  picked_bt = jnp.take_along_axis(logits_btv, next_tokens_bt[..., None], axis=-1)[..., 0]
+  logp_bt = picked_bt - jax.nn.logsumexp(logits_btv, axis=-1)
+  return jnp.pad(logp_bt, ((0, 0), (1, 0)))
+
+
+def token_entropy(logits_btv: jax.Array) -> jax.Array:
+  """Entropy of the next-token distribution scoring token t, token-aligned [B, T]; 0 at t = 0."""
+  logp_btv = jax.nn.log_softmax(logits_btv[:, :-1].astype(jnp.float32), axis=-1)
+  entropy_bt = -jnp.sum(jnp.exp(logp_btv) * logp_btv, axis=-1)
+  return jnp.pad(entropy_bt, ((0, 0), (1, 0)))
+
+
+def gather_steps(x_bt: jax.Array, idx_bs: jax.Array) -> jax.Array:
+  """x at the per-step token indices: [B, T, ...] -> [B, S, ...]; padding steps (-1) read index 0."""
+  idx_bs = jnp.maximum(idx_bs, 0)
+  return jax.vmap(lambda x_t, idx_s: x_t[idx_s])(x_bt, idx_bs)
+
+
+def sum_tokens_per_step(x_bt: jax.Array, step_id_bt: jax.Array, num_steps: int) -> jax.Array:
+  """Sum of a per-token quantity over each step's action tokens: [B, T] -> [B, S]."""
+  onehot_bts = jax.nn.one_hot(step_id_bt, num_steps, dtype=jnp.float32)  # all-zero rows for -1
+  return jnp.einsum("bt,bts->bs", x_bt.astype(jnp.float32), onehot_bts)
+
+
+def steps_to_tokens(x_bs: jax.Array, step_id_bt: jax.Array) -> jax.Array:
+  """Broadcast a per-step quantity to its action tokens: [B, S] -> [B, T], 0 off the actions."""
+  picked_bt = jnp.take_along_axis(x_bs, jnp.maximum(step_id_bt, 0), axis=1)
+  return jnp.where(step_id_bt >= 0, picked_bt, 0).astype(x_bs.dtype)

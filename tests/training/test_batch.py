@@ -1,0 +1,75 @@
+"""Trajectory batch layout: step detection from action masks and the token <-> step helpers."""
+
+import numpy as np
+import jax.numpy as jnp
+import pytest
+
+from spa_jax.training import batch as tb
+
+
+def test_steps_from_action_mask_two_steps():
+  # tokens: 0 1 | 2 3 (action 0) | 4 5 (observation) | 6 (action 1) | 7 (padding-like tail)
+  step_id_t, start_s, end_s = tb.steps_from_action_mask([0, 0, 1, 1, 0, 0, 1, 0], max_steps=3)
+  np.testing.assert_array_equal(step_id_t, [-1, -1, 0, 0, -1, -1, 1, -1])
+  np.testing.assert_array_equal(start_s, [1, 5, -1])  # last prompt token before each action
+  np.testing.assert_array_equal(end_s, [3, 6, -1])  # last token of each action
+
+
+def test_steps_from_action_mask_one_step_at_end():
+  step_id_t, start_s, end_s = tb.steps_from_action_mask([0, 0, 0, 1, 1], max_steps=2)
+  np.testing.assert_array_equal(step_id_t, [-1, -1, -1, 0, 0])
+  np.testing.assert_array_equal(start_s, [2, -1])
+  np.testing.assert_array_equal(end_s, [4, -1])
+
+
+def test_steps_from_action_mask_rejects_bad_input():
+  with pytest.raises(ValueError, match="max_steps"):
+    tb.steps_from_action_mask([0, 1, 0, 1, 0, 1], max_steps=2)
+  with pytest.raises(ValueError, match="token 0"):
+    tb.steps_from_action_mask([1, 1, 0], max_steps=2)
+
+
+def test_make_trajectory_batch_pads_and_marks_steps():
+  batch = tb.make_trajectory_batch([[5, 6, 7, 8, 9], [5, 6, 7]], [[0, 1, 0, 0, 1], [0, 0, 1]],
+                                   [0.5, 1.0], seq_len=6, max_steps=3, pad_id=0)
+  np.testing.assert_array_equal(batch["tokens_bt"], [[5, 6, 7, 8, 9, 0], [5, 6, 7, 0, 0, 0]])
+  np.testing.assert_array_equal(batch["loss_mask_bt"], [[0, 1, 0, 0, 1, 0], [0, 0, 1, 0, 0, 0]])
+  np.testing.assert_array_equal(batch["step_id_bt"],
+                                [[-1, 0, -1, -1, 1, -1], [-1, -1, 0, -1, -1, -1]])
+  np.testing.assert_array_equal(batch["step_start_idx_bs"], [[0, 3, -1], [1, -1, -1]])
+  np.testing.assert_array_equal(batch["step_end_idx_bs"], [[1, 4, -1], [2, -1, -1]])
+  np.testing.assert_array_equal(batch["step_mask_bs"], [[1, 1, 0], [1, 0, 0]])
+  np.testing.assert_array_equal(batch["final_reward_b"], [0.5, 1.0])
+  with pytest.raises(ValueError, match="seq_len"):
+    tb.make_trajectory_batch([[1, 2, 3]], [[0, 1, 1]], seq_len=2, max_steps=1)
+
+
+def test_check_has_agent_tokens():
+  tb.check_has_agent_tokens(np.array([[0, 1]]))
+  with pytest.raises(ValueError, match="no agent"):
+    tb.check_has_agent_tokens(np.zeros((2, 3)), where="SFT dataset")
+
+
+def test_token_logprobs_are_shifted_by_one():
+  # V = 2. logits[0] = [0, 0] scores token 1 (id 1): log 1/2.  logits[1] = [ln 3, 0] scores
+  # token 2 (id 0): log 3/4.  Position 0 has no context: 0.
+  logits_btv = jnp.array([[[0.0, 0.0], [np.log(3.0), 0.0], [7.0, -7.0]]])
+  logp_bt = tb.token_logprobs(logits_btv, jnp.array([[0, 1, 0]]))
+  np.testing.assert_allclose(logp_bt, [[0.0, np.log(0.5), np.log(0.75)]], rtol=1e-6)
+
+
+def test_token_entropy():
+  # uniform over 2 -> ln 2; logits [ln 3, 0] -> p = (3/4, 1/4) -> -(3/4 ln 3/4 + 1/4 ln 1/4)
+  logits_btv = jnp.array([[[0.0, 0.0], [np.log(3.0), 0.0], [0.0, 0.0]]])
+  expected = -(0.75 * np.log(0.75) + 0.25 * np.log(0.25))
+  np.testing.assert_allclose(tb.token_entropy(logits_btv), [[0.0, np.log(2.0), expected]],
+                             rtol=1e-6)
+
+
+def test_step_token_helpers():
+  step_id_bt = jnp.array([[-1, 0, 0, -1, 1, -1]])
+  x_bt = jnp.array([[10.0, 1.0, 2.0, 20.0, 4.0, 30.0]])
+  np.testing.assert_allclose(tb.sum_tokens_per_step(x_bt, step_id_bt, 3), [[3.0, 4.0, 0.0]])
+  np.testing.assert_allclose(tb.steps_to_tokens(jnp.array([[7.0, 8.0, 9.0]]), step_id_bt),
+                             [[0.0, 7.0, 7.0, 0.0, 8.0, 0.0]])
+  np.testing.assert_allclose(tb.gather_steps(x_bt, jnp.array([[2, 4, -1]])), [[2.0, 4.0, 10.0]])
