@@ -1,0 +1,80 @@
+"""Shared config sections and model presets for every stage config.
+
+Configs are data. Each stage file (`configs/<stage>.py`) builds on this one and adds the sections
+of the stages it depends on, so one file describes the whole chain up to its stage.
+Presets: `tiny` (default: embedded catalogue, tiny model, CPU) and the real-model presets below,
+which need `env.data_dir` and `model.hf_path` set on the command line.
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+from spa_jax.configuration import REAL_MODEL_PRESETS
+
+TINY = "tiny"
+PRESETS = (TINY, *REAL_MODEL_PRESETS)
+
+
+def check_preset(preset: str) -> str:
+  """Returns the preset name, or fails naming the known presets."""
+  preset = preset or TINY
+  if preset not in PRESETS:
+    raise ValueError(f"Unknown config preset {preset!r}; choose one of {PRESETS} "
+                     "(e.g. --config=configs/ppo.py:llama3.2-3b).")
+  return preset
+
+
+def is_real(preset: str) -> bool:
+  return preset in REAL_MODEL_PRESETS
+
+
+def get_base_config(preset: str = TINY) -> ml_collections.ConfigDict:
+  """Workspace, seed, env, model, tokenizer, agent format, mesh, distributed and tracking."""
+  preset = check_preset(preset)
+  real = is_real(preset)
+  cfg = ml_collections.ConfigDict()
+  cfg.preset = preset
+  cfg.workspace = "runs/default"
+  cfg.seed = 0
+  cfg.run = ml_collections.ConfigDict(dict(
+      targets="eval",  # comma-separated stage names to produce (dependencies run first)
+      force="",  # comma-separated stage names to redo even when their outputs are current
+  ))
+  cfg.env = ml_collections.ConfigDict(dict(
+      catalogue="dir" if real else "embedded",  # "embedded" | "dir"
+      data_dir=config_dict.placeholder(str),  # WebShop data files; required when catalogue == "dir"
+      goals="human" if real else "synthetic",  # "synthetic" | "human"
+      train_split="train",
+      eval_split="eto_test" if real else "test",
+      max_steps=10,
+      observation_mode="text",  # "text" | "text_rich"
+      num_envs=32 if real else 8,  # live episodes per process
+      pool_workers=8 if real else 2,
+  ))
+  cfg.model = ml_collections.ConfigDict(dict(
+      preset=preset,  # spa_jax.models.LlamaConfig preset name
+      hf_path=config_dict.placeholder(str),  # HF weights dir; required for real presets
+      dtype="bfloat16" if real else "float32",  # activations
+      param_dtype="float32",
+      lora=ml_collections.ConfigDict(dict(rank=8, alpha=16.0, targets="q_proj,v_proj")),
+  ))
+  cfg.tokenizer = ml_collections.ConfigDict(dict(
+      kind="hf" if real else "sentencepiece",  # "hf" (from model.hf_path) | "sentencepiece"
+      path=config_dict.placeholder(str),  # defaults to model.hf_path (hf) or the workspace (sp)
+      vocab_size=1024,  # sentencepiece only: trained on the embedded catalogue's texts
+  ))
+  cfg.agent = ml_collections.ConfigDict(dict(
+      one_shot=True,  # include the demonstration exchange after the instruction
+      history_window=0,  # 0 keeps every observation; K > 0 elides all but the last K
+      max_context=4096 if real else 2048,  # tokens; an episode past it ends with context_limit
+  ))
+  cfg.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # -1: all remaining devices
+  cfg.distributed = ml_collections.ConfigDict(dict(
+      initialize="auto",  # "auto" (when env/config name a coordinator) | "always" | "never"
+      coordinator_address=config_dict.placeholder(str),
+      num_processes=config_dict.placeholder(int),
+      process_id=config_dict.placeholder(int),
+  ))
+  cfg.tracking = ml_collections.ConfigDict(dict(
+      tensorboard=True, plots=True, progress=True, log_every=10))
+  return cfg

@@ -1,0 +1,27 @@
+"""Greedy evaluation of the SFT and PPO policies on the eval split; spa-rl.md §4 and §5.
+
+This is the default config of `python -m spa_jax.main`: the whole chain up to eval.
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+from spa_jax.configuration import load_sibling
+
+
+def eval_section(preset: str) -> ml_collections.ConfigDict:
+  real = load_sibling(__file__, "base").is_real(preset)
+  return ml_collections.ConfigDict(dict(
+      policies="sft,ppo",  # comma-separated; each one is evaluated and reported
+      temperature=0.0,
+      top_p=1.0,
+      max_new_tokens=512 if real else 64,
+      max_tasks=config_dict.placeholder(int) if real else 16,  # None: the whole eval split
+  ))
+
+
+def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
+  cfg = load_sibling(__file__, "ppo").get_config(preset)
+  cfg.run.targets = "eval"
+  cfg.eval = eval_section(cfg.preset)
+  return cfg

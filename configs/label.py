@@ -1,0 +1,19 @@
+"""Step rewards r_t = progress_coef * c_t + grounding_coef * g_t; spa-rl.md §1 and §7.1-7.3."""
+
+import ml_collections
+
+from spa_jax.configuration import load_sibling
+
+
+def label_section() -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(
+      progress_coef=1.0,  # alpha
+      grounding_coef=0.5,  # beta
+  ))
+
+
+def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
+  cfg = load_sibling(__file__, "prm").get_config(preset)
+  cfg.run.targets = "label"
+  cfg.label = label_section()
+  return cfg

@@ -1,0 +1,32 @@
+"""SFT (behaviour cloning) on expert ReAct conversations; spa-rl.md §2.1 and §4."""
+
+import ml_collections
+from ml_collections import config_dict
+
+from spa_jax.configuration import load_sibling
+
+
+def sft_section(preset: str) -> ml_collections.ConfigDict:
+  real = load_sibling(__file__, "base").is_real(preset)
+  return ml_collections.ConfigDict(dict(
+      finetune="full",  # "full" | "lora"
+      # "expert": ScriptedExpert episodes on env.train_split; or a path to an ETO webshop_sft.json
+      data="expert",
+      expert_episodes=config_dict.placeholder(int) if real else 64,  # None: one per train task
+      epochs=3 if real else 2,
+      batch_size=16 if real else 8,  # sequences per optimizer step (global)
+      micro_batch_size=2 if real else 8,
+      learning_rate=2e-5 if real else 1e-3,
+      schedule="cosine",
+      warmup_ratio=0.03,
+      weight_decay=0.0,
+      max_len=4096 if real else 2048,
+      grad_checkpointing=real,
+  ))
+
+
+def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
+  cfg = load_sibling(__file__, "base").get_base_config(preset)
+  cfg.run.targets = "sft"
+  cfg.sft = sft_section(cfg.preset)
+  return cfg

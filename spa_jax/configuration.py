@@ -1,0 +1,168 @@
+"""Loading the stage configs in `configs/` and validating a config before any work starts."""
+
+import importlib.util
+import pathlib
+from types import ModuleType
+from typing import Any, Callable
+
+import ml_collections
+
+CONFIGS_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
+STAGES = ("sft", "explore", "prm", "label", "ppo", "eval", "export")
+POLICY_STAGES = ("sft", "ppo")
+# The config sections each stage needs (its own and those of the stages it depends on).
+REQUIRED_SECTIONS = {
+    "sft": ("sft",),
+    "explore": ("sft", "explore"),
+    "prm": ("sft", "explore", "prm"),
+    "label": ("sft", "explore", "prm", "label"),
+    "ppo": ("sft", "explore", "prm", "label", "ppo"),
+    "eval": ("eval",),
+    "export": ("export",),
+}
+REAL_MODEL_PRESETS = ("llama3.2-1b", "llama3.2-3b", "llama3.1-8b")
+
+
+def load_sibling(config_file: str, name: str) -> ModuleType:
+  """Imports `configs/<name>.py` living next to `config_file` (config files are not a package)."""
+  path = pathlib.Path(config_file).resolve().with_name(f"{name}.py")
+  spec = importlib.util.spec_from_file_location(f"spa_jax_configs.{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def load_config(stage: str, preset: str = "tiny") -> ml_collections.ConfigDict:
+  """The config of `configs/<stage>.py` with the given preset (as `--config=configs/<stage>.py:<preset>`)."""
+  if not (CONFIGS_DIR / f"{stage}.py").exists():
+    raise ValueError(f"No config file configs/{stage}.py; stages are {STAGES}.")
+  return load_sibling(str(CONFIGS_DIR / "base.py"), stage).get_config(preset)
+
+
+def split_names(csv: str) -> list[str]:
+  """'sft, ppo' -> ['sft', 'ppo']."""
+  return [name.strip() for name in csv.split(",") if name.strip()]
+
+
+def _get(cfg: ml_collections.ConfigDict, path: str) -> Any:
+  node = cfg
+  for key in path.split("."):
+    node = node[key]
+  return node
+
+
+def _check(errors: list[str], cfg, path: str, ok: Callable[[Any], bool], need: str) -> None:
+  if path.split(".")[0] not in cfg:
+    return
+  value = _get(cfg, path)
+  if not ok(value):
+    errors.append(f"config.{path}={value!r}: must be {need}")
+
+
+def _choice(errors, cfg, path, options) -> None:
+  _check(errors, cfg, path, lambda v: v in options, f"one of {tuple(options)}")
+
+
+def _at_least(errors, cfg, path, low) -> None:
+  _check(errors, cfg, path, lambda v: v is not None and v >= low, f">= {low}")
+
+
+def _positive(errors, cfg, path) -> None:
+  _check(errors, cfg, path, lambda v: v is not None and v > 0, "> 0")
+
+
+def _stage_names(errors, cfg, path, allowed) -> None:
+  bad = [name for name in split_names(_get(cfg, path)) if name not in allowed]
+  if bad:
+    errors.append(f"config.{path}: unknown stage name(s) {bad}; known: {tuple(allowed)}")
+
+
+def _existing_path(errors, cfg, path, why: str) -> None:
+  value = _get(cfg, path)
+  if value is None or value == "":
+    errors.append(f"config.{path} is required {why}: pass --config.{path}=/path/to/it")
+  elif not pathlib.Path(value).expanduser().exists():
+    errors.append(f"config.{path}={value!r} does not exist")
+
+
+def _section_errors(cfg) -> list[str]:
+  errors = []
+  _stage_names(errors, cfg, "run.targets", STAGES)
+  _stage_names(errors, cfg, "run.force", STAGES)
+  if not split_names(cfg.run.targets):
+    errors.append("config.run.targets is empty: name at least one stage, e.g. --config.run.targets=sft")
+  needed = set(split_names(cfg.run.targets))
+  if "eval" in needed and "eval" in cfg:
+    _stage_names(errors, cfg, "eval.policies", POLICY_STAGES)
+    needed |= set(split_names(cfg.eval.policies))
+  if "export" in needed and "export" in cfg:
+    _choice(errors, cfg, "export.policy", POLICY_STAGES)
+    needed.add(cfg.export.policy)
+  for stage in sorted(needed & set(STAGES)):
+    missing = [s for s in REQUIRED_SECTIONS[stage] if s not in cfg]
+    if missing:
+      errors.append(f"stage {stage!r} needs config section(s) {missing}: "
+                    f"use --config=configs/{stage}.py (it contains the whole chain)")
+  return errors
+
+
+def _value_errors(cfg) -> list[str]:
+  errors = []
+  _choice(errors, cfg, "env.catalogue", ("embedded", "dir"))
+  _choice(errors, cfg, "env.goals", ("synthetic", "human"))
+  _choice(errors, cfg, "env.observation_mode", ("text", "text_rich"))
+  _at_least(errors, cfg, "env.max_steps", 1)
+  _at_least(errors, cfg, "env.num_envs", 1)
+  _at_least(errors, cfg, "env.pool_workers", 0)
+  if cfg.env.catalogue == "dir":
+    _existing_path(errors, cfg, "env.data_dir", "when env.catalogue='dir'")
+  _choice(errors, cfg, "model.dtype", ("float32", "bfloat16", "float16"))
+  _choice(errors, cfg, "model.param_dtype", ("float32", "bfloat16"))
+  _at_least(errors, cfg, "model.lora.rank", 1)
+  _positive(errors, cfg, "model.lora.alpha")
+  if cfg.model.preset in REAL_MODEL_PRESETS:
+    _existing_path(errors, cfg, "model.hf_path", f"for preset {cfg.model.preset!r} (HF weights dir)")
+  _choice(errors, cfg, "tokenizer.kind", ("hf", "sentencepiece"))
+  if cfg.tokenizer.kind == "hf" and not (cfg.tokenizer.path or cfg.model.hf_path):
+    errors.append("tokenizer.kind='hf' needs config.tokenizer.path or config.model.hf_path")
+  _at_least(errors, cfg, "tokenizer.vocab_size", 64)
+  _at_least(errors, cfg, "agent.history_window", 0)
+  _at_least(errors, cfg, "agent.max_context", 64)
+  for axis in ("data", "fsdp", "tensor"):
+    _check(errors, cfg, f"mesh.{axis}", lambda v: v == -1 or v >= 1, "-1 (all remaining devices) or >= 1")
+  _choice(errors, cfg, "distributed.initialize", ("auto", "always", "never"))
+  _at_least(errors, cfg, "tracking.log_every", 1)
+  for stage in ("sft", "prm", "ppo"):
+    _choice(errors, cfg, f"{stage}.finetune", ("full", "lora"))
+    _positive(errors, cfg, f"{stage}.learning_rate")
+    _at_least(errors, cfg, f"{stage}.max_len", 64)
+  for stage in ("sft", "prm"):
+    _at_least(errors, cfg, f"{stage}.epochs", 1)
+    _at_least(errors, cfg, f"{stage}.micro_batch_size", 1)
+    _check(errors, cfg, f"{stage}.batch_size",
+           lambda v, s=stage: v >= 1 and v % cfg[s].micro_batch_size == 0,
+           f"a positive multiple of {stage}.micro_batch_size")
+  if "sft" in cfg and cfg.sft.data != "expert":
+    _existing_path(errors, cfg, "sft.data", "(a webshop_sft.json file, or 'expert')")
+  _check(errors, cfg, "prm.holdout_fraction", lambda v: 0 <= v < 1, "in [0, 1)")
+  for stage in ("explore", "ppo", "eval"):
+    _at_least(errors, cfg, f"{stage}.temperature", 0.0)
+    _check(errors, cfg, f"{stage}.top_p", lambda v: 0 < v <= 1, "in (0, 1]")
+    _at_least(errors, cfg, f"{stage}.max_new_tokens", 1)
+  _at_least(errors, cfg, "explore.samples_per_task", 1)
+  for path in ("explore.max_tasks", "eval.max_tasks", "sft.expert_episodes"):
+    _check(errors, cfg, path, lambda v: v is None or v >= 1, "None (all) or >= 1")
+  for path in ("ppo.iterations", "ppo.rollouts_per_iteration", "ppo.mini_batch_size",
+               "ppo.grad_accum", "ppo.ppo_epochs"):
+    _at_least(errors, cfg, path, 1)
+  for path in ("ppo.gamma", "ppo.gae_lambda"):
+    _check(errors, cfg, path, lambda v: 0 <= v <= 1, "in [0, 1]")
+  return errors
+
+
+def validate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Checks names, values, ranges and required paths; raises one ValueError listing every problem."""
+  errors = _section_errors(cfg) + _value_errors(cfg)
+  if errors:
+    raise ValueError("Invalid config:\n  " + "\n  ".join(errors))
+  return cfg

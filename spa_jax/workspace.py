@@ -1,0 +1,101 @@
+"""A run workspace: one directory holding every stage's artifacts, configs and completion records.
+
+Layout (documented in WORKSPACE.md):
+  config.json                 the full config of the latest invocation
+  <stage>/config.json         the config the stage last ran with
+  <stage>/DONE.json           fingerprint + summary, written when the stage finishes
+  checkpoints/<stage>/        Orbax checkpoints
+  trajectories/<name>.jsonl   one trajectory per line
+  metrics/<stage>.jsonl       {"step", "time", **scalars} per line
+  tb/<stage>/                 TensorBoard event files
+  plots/<name>.png, reports/<name>.json
+"""
+
+import hashlib
+import json
+import os
+import pathlib
+import time
+from typing import Any
+
+DONE_FILE = "DONE.json"
+
+
+def canonical_json(obj: Any) -> str:
+  """Key-sorted compact JSON; the basis of fingerprints."""
+  return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def fingerprint(obj: Any) -> str:
+  """A short stable hash of a JSON-able object."""
+  return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:16]
+
+
+def write_json_atomic(path: pathlib.Path, obj: Any) -> None:
+  """Writes JSON through a temporary file so readers never see half a file."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+  tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+  os.replace(tmp, path)
+
+
+class Workspace:
+  """Paths of one run's artifacts under `root`; directories are created on first use."""
+
+  def __init__(self, root: str | os.PathLike):
+    self.root = pathlib.Path(root).expanduser().resolve()
+
+  def _dir(self, *parts: str) -> pathlib.Path:
+    path = self.root.joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+  def stage_dir(self, stage: str) -> pathlib.Path:
+    return self._dir(stage)
+
+  def checkpoint_dir(self, stage: str) -> pathlib.Path:
+    return self._dir("checkpoints", stage)
+
+  def trajectories_path(self, name: str) -> pathlib.Path:
+    return self._dir("trajectories") / f"{name}.jsonl"
+
+  def metrics_path(self, stage: str) -> pathlib.Path:
+    return self._dir("metrics") / f"{stage}.jsonl"
+
+  def tb_dir(self, stage: str) -> pathlib.Path:
+    return self._dir("tb", stage)
+
+  def plot_path(self, name: str) -> pathlib.Path:
+    return self._dir("plots") / f"{name}.png"
+
+  def report_path(self, name: str) -> pathlib.Path:
+    return self._dir("reports") / f"{name}.json"
+
+  def write_config(self, config_dict: dict, stage: str | None = None) -> pathlib.Path:
+    """Records a config: the run's (`config.json`) or the one a stage runs with."""
+    path = (self.stage_dir(stage) if stage else self._dir()) / "config.json"
+    write_json_atomic(path, config_dict)
+    return path
+
+  def done_record(self, stage: str) -> dict | None:
+    """The stage's DONE.json contents, or None when it never finished."""
+    path = self.root / stage / DONE_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+  def is_current(self, stage: str, stage_fingerprint: str) -> bool:
+    """True when the stage finished with this fingerprint and its recorded outputs still exist."""
+    record = self.done_record(stage)
+    if record is None or record.get("fingerprint") != stage_fingerprint:
+      return False
+    return all((self.root / rel).exists() for rel in record.get("outputs", []))
+
+  def mark_done(self, stage: str, stage_fingerprint: str, inputs: dict[str, str], summary: dict) -> None:
+    """Writes `<stage>/DONE.json`; `summary["outputs"]` (paths relative to root) are checked on reuse."""
+    outputs = [str(pathlib.Path(p).resolve().relative_to(self.root)) if pathlib.Path(p).is_absolute()
+               else str(p) for p in summary.get("outputs", [])]
+    write_json_atomic(self.stage_dir(stage) / DONE_FILE, {
+        "stage": stage, "fingerprint": stage_fingerprint, "inputs": inputs,
+        "outputs": outputs, "summary": summary, "finished_at": time.time()})
+
+  def clear_done(self, stage: str) -> None:
+    (self.root / stage / DONE_FILE).unlink(missing_ok=True)

@@ -1,0 +1,85 @@
+"""Config files: every stage config loads and validates; mistakes fail before any work, naming the field."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from spa_jax import configuration
+
+REPO = configuration.CONFIGS_DIR.parent
+
+
+@pytest.mark.parametrize("stage", configuration.STAGES)
+def test_every_stage_config_contains_its_whole_chain_and_validates(stage):
+  cfg = configuration.validate(configuration.load_config(stage))
+  assert cfg.run.targets == stage
+  for section in configuration.REQUIRED_SECTIONS.get(stage, ()):
+    assert section in cfg
+
+
+def test_real_preset_requires_weights_and_data_paths():
+  cfg = configuration.load_config("ppo", "llama3.2-3b")
+  with pytest.raises(ValueError) as error:
+    configuration.validate(cfg)
+  assert "model.hf_path is required" in str(error.value)
+  assert "env.data_dir is required" in str(error.value)
+
+
+def test_real_preset_carries_the_released_hyperparameters():
+  cfg = configuration.load_config("eval", "llama3.2-3b")
+  assert (cfg.sft.learning_rate, cfg.sft.epochs, cfg.sft.batch_size) == (2e-5, 3, 16)
+  assert (cfg.explore.samples_per_task, cfg.explore.temperature, cfg.explore.max_new_tokens) == (5, 1.0, 512)
+  assert (cfg.prm.learning_rate, cfg.prm.weight_decay) == (3e-6, 0.01)
+  assert (cfg.model.lora.rank, cfg.model.lora.alpha, cfg.model.lora.targets) == (8, 16.0, "q_proj,v_proj")
+  assert (cfg.ppo.learning_rate, cfg.ppo.ppo_epochs, cfg.ppo.gamma, cfg.ppo.gae_lambda) == (1e-5, 4, 0.99, 0.95)
+  assert (cfg.eval.temperature, cfg.env.max_steps) == (0.0, 10)
+
+
+def test_unknown_preset_is_rejected():
+  with pytest.raises(ValueError, match="Unknown config preset 'llama9'"):
+    configuration.load_config("sft", "llama9")
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("run.targets", "sft,evl", "unknown stage name(s) ['evl']"),
+    ("env.catalogue", "embeded", "config.env.catalogue='embeded': must be one of"),
+    ("env.max_steps", 0, "config.env.max_steps=0: must be >= 1"),
+    ("eval.top_p", 1.5, "config.eval.top_p=1.5: must be in (0, 1]"),
+    ("eval.policies", "sft,dpo", "unknown stage name(s) ['dpo']"),
+    ("sft.batch_size", 12, "positive multiple of sft.micro_batch_size"),
+    ("sft.data", "/no/such/webshop_sft.json", "does not exist"),
+])
+def test_bad_values_are_named(path, value, message):
+  cfg = configuration.load_config("eval")
+  section, key = path.split(".")
+  cfg[section][key] = value
+  with pytest.raises(ValueError) as error:
+    configuration.validate(cfg)
+  assert message in str(error.value)
+
+
+def test_target_outside_the_config_chain_names_the_config_to_use():
+  cfg = configuration.load_config("sft")
+  cfg.run.targets = "ppo"
+  with pytest.raises(ValueError, match=r"use --config=configs/ppo.py"):
+    configuration.validate(cfg)
+
+
+def _main(*args, workdir):
+  return subprocess.run([sys.executable, "-m", "spa_jax.main", f"--workdir={workdir}", *args],
+                        cwd=REPO, capture_output=True, text=True, timeout=120,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config.sft.learning_rat=3"], 'Did you mean "learning_rate"'),
+    (["--config.run.targets=sft,evl"], "unknown stage name(s) ['evl']"),
+    (["--config=configs/ppo.py:llama3.2-3b", "--config.run.targets=sft"], "model.hf_path is required"),
+])
+def test_main_rejects_bad_config_before_any_work(tmp_path, args, message):
+  result = _main(*args, workdir=tmp_path / "run")
+  assert result.returncode != 0
+  assert message in result.stderr + result.stdout
+  assert not (tmp_path / "run").exists()
