@@ -1,0 +1,34 @@
+"""Assemble a global, batch-sharded batch from each process's local numpy rows.
+
+Every process loads its own B_local rows (the same B_local everywhere) and calls
+`to_global_batch(local, mesh)`; `jax.make_array_from_process_local_data` stitches them into
+global arrays of B_local * process_count rows, sharded over the mesh axes of the logical axis
+"batch" (("data", "fsdp") in `spa_jax.sharding`). Single-process runs use the same call.
+"""
+
+from collections.abc import Mapping
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from spa_jax.sharding import logical_to_sharding
+
+
+def to_global_batch(local: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+  """Global arrays [B_local * process_count, ...] sharded along the batch dimension."""
+  sizes = {np.shape(x)[0] for x in local.values()}
+  if len(sizes) != 1:
+    raise ValueError(f"all batch arrays need the same leading (batch) size, got {sorted(sizes)}")
+  global_rows = sizes.pop() * jax.process_count()
+  batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
+  if global_rows % batch_devices:
+    raise ValueError(f"global batch of {global_rows} rows does not divide over the "
+                     f"{batch_devices} devices of mesh axes ('data', 'fsdp'); pad or resize it")
+  out = {}
+  for name, x in local.items():
+    x = np.asarray(x)
+    global_shape = (global_rows,) + x.shape[1:]
+    sharding = logical_to_sharding(("batch",) + (None,) * (x.ndim - 1), mesh, global_shape)
+    out[name] = jax.make_array_from_process_local_data(sharding, x, global_shape)
+  return out

@@ -1,0 +1,270 @@
+"""Jitted update and forward steps over the trajectory layout of `batch.py`.
+
+Update steps are pure `(state, batch) -> (state, metrics)` with the state donated. The batch is a
+dict of global arrays sharded over the "batch" logical axis (`global_batch.to_global_batch`);
+parameters keep the shardings they were created with (`spa_jax.sharding` rules table) and the
+updated state is constrained back onto them. Call the steps under `with jax.set_mesh(mesh):` so
+the model's activation constraints apply.
+
+Micro-batching: a batch of B rows is cut into M strided micro-batches (micro-batch m holds rows
+m, m + M, ...: every micro-batch spans all batch shards). Gradients of
+(loss sum of the micro-batch) / (count over the whole batch) are summed in a `lax.scan`, so the
+result equals the full-batch mean exactly and only one micro-batch's activations are live.
+Update steps take no rng: no loss samples (there is no dropout).
+"""
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+
+from spa_jax.sharding import constrain
+from spa_jax.training.batch import token_entropy, token_logprobs
+from spa_jax.training.losses import ppo_policy_loss, progress_loss, sft_loss, value_loss
+from spa_jax.training.sum_count import SumCount, masked_sum_count
+from spa_jax.training.train_state import TrainState
+
+Batch = dict[str, jax.Array]
+Metrics = dict[str, jax.Array]
+
+
+# ----------------------------------------------------------------------------- micro-batching
+
+
+def split_micro_batches(batch: Batch, num_micro_batches: int) -> Batch:
+  """[B, ...] -> [M, B / M, ...] with micro-batch m = rows m, m + M, m + 2M, ..."""
+  def split(x):
+    rows = x.shape[0]
+    if rows % num_micro_batches:
+      raise ValueError(f"batch of {rows} rows does not split into {num_micro_batches} "
+                       "micro-batches; make the batch size a multiple of the micro-batch count")
+    x = x.reshape(rows // num_micro_batches, num_micro_batches, *x.shape[1:])
+    return jnp.swapaxes(x, 0, 1)
+  return jax.tree.map(split, batch)
+
+
+def merge_micro_batches(x_m: jax.Array) -> jax.Array:
+  """Inverse of `split_micro_batches` for one array: [M, B / M, ...] -> [B, ...]."""
+  x = jnp.swapaxes(x_m, 0, 1)
+  return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def _constrain_rows(micro: Batch) -> Batch:
+  return jax.tree.map(lambda x: constrain(x, ("batch",) + (None,) * (x.ndim - 1)), micro)
+
+
+def accumulate_gradients(loss_fn: Callable[[Any, Batch], tuple[jax.Array, dict[str, SumCount]]],
+                         params: Any, batch: Batch, num_micro_batches: int):
+  """Sum over micro-batches of grad(loss_fn) and of its SumCount metrics: (grads, metrics)."""
+  grad_fn = jax.grad(loss_fn, has_aux=True)
+  micro_batches = split_micro_batches(batch, num_micro_batches)
+  first = jax.tree.map(lambda x: x[0], micro_batches)
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(grad_fn, params, first))
+
+  def add_micro_batch(totals, micro):
+    return jax.tree.map(jnp.add, totals, grad_fn(params, _constrain_rows(micro))), None
+
+  totals, _ = jax.lax.scan(add_micro_batch, zeros, micro_batches)
+  return totals
+
+
+def map_micro_batches(fn: Callable[[Batch], jax.Array], batch: Batch,
+                      num_micro_batches: int) -> jax.Array:
+  """`fn` applied per micro-batch (sequentially, to bound memory); rows come back in order."""
+  outputs_m = jax.lax.map(lambda micro: fn(_constrain_rows(micro)),
+                          split_micro_batches(batch, num_micro_batches))
+  return merge_micro_batches(outputs_m)
+
+
+def summarize(metrics: dict[str, SumCount]) -> Metrics:
+  """Means of SumCount metrics."""
+  return {name: value.mean() for name, value in metrics.items()}
+
+
+def _shardings_of(tree: Any) -> Any:
+  return jax.tree.map(lambda x: x.sharding, tree)
+
+
+def _constrain_to(tree: Any, shardings: Any) -> Any:
+  """Pin a traced tree onto the (named) shardings the input state had."""
+  def pin(x, sharding):
+    if isinstance(sharding, jax.sharding.NamedSharding):
+      return jax.lax.with_sharding_constraint(x, sharding)
+    return x
+  return jax.tree.map(pin, tree, shardings)
+
+
+def _jit_update(step_fn, state_template):
+  """jit `step_fn(state, batch)` with the state donated and kept on its input shardings."""
+  shardings = _shardings_of(state_template)
+
+  def pinned(state, batch):
+    new_state, metrics = step_fn(state, batch)
+    return _constrain_to(new_state, shardings), metrics
+
+  return jax.jit(pinned, donate_argnums=0)
+
+
+# ----------------------------------------------------------------------------- SFT
+
+
+def _sft_loss_fn(params, micro, *, state: TrainState, num_tokens):
+  model = nnx.merge(state.graphdef, params, state.frozen)
+  logits_btv, _, _ = model(micro["tokens_bt"], micro["positions_bt"])
+  loss = sft_loss(logits_btv, micro["tokens_bt"], micro["loss_mask_bt"])
+  return loss.total / num_tokens, {"sft_loss": loss}
+
+
+def make_sft_step(state_template: TrainState, *, num_micro_batches: int = 1):
+  """Jitted `(state, batch) -> (state, metrics)`: one AdamW update on the agent-token NLL.
+
+  Needs `tokens_bt`, `positions_bt`, `loss_mask_bt`. Metrics: sft_loss, num_tokens, grad_norm.
+  """
+  def step(state, batch):
+    num_tokens = jnp.maximum(jnp.sum(batch["loss_mask_bt"]), 1.0)
+    loss_fn = functools.partial(_sft_loss_fn, state=state, num_tokens=num_tokens)
+    grads, metrics = accumulate_gradients(loss_fn, state.params, batch, num_micro_batches)
+    return state.apply_gradients(grads), summarize(metrics) | {
+        "num_tokens": jnp.sum(batch["loss_mask_bt"]), "grad_norm": optax.global_norm(grads)}
+  return _jit_update(step, state_template)
+
+
+# ----------------------------------------------------------------------------- progress estimator
+
+
+def _progress_loss_fn(params, micro, *, state: TrainState, num_trajectories):
+  model = nnx.merge(state.graphdef, params, state.frozen)
+  values_bs = model.step_values(micro["tokens_bt"], micro["positions_bt"],
+                                micro["step_end_idx_bs"])
+  loss = progress_loss(values_bs, micro["step_mask_bs"], micro["final_reward_b"])
+  return loss.total / num_trajectories, {"progress_loss": loss}
+
+
+def make_progress_step(state_template: TrainState, *, num_micro_batches: int = 1):
+  """Jitted `(state, batch) -> (state, metrics)` for a `ValueModel` progress estimator.
+
+  Loss: mean over trajectories of (R - sum_s c_s)^2 with c_s read at `step_end_idx_bs`.
+  Needs `tokens_bt`, `positions_bt`, `step_end_idx_bs`, `step_mask_bs`, `final_reward_b`.
+  """
+  def step(state, batch):
+    num_trajectories = jnp.maximum(jnp.sum(jnp.any(batch["step_mask_bs"] > 0, axis=-1)), 1)
+    loss_fn = functools.partial(_progress_loss_fn, state=state,
+                                num_trajectories=num_trajectories.astype(jnp.float32))
+    grads, metrics = accumulate_gradients(loss_fn, state.params, batch, num_micro_batches)
+    return state.apply_gradients(grads), summarize(metrics) | {
+        "grad_norm": optax.global_norm(grads)}
+  return _jit_update(step, state_template)
+
+
+# ----------------------------------------------------------------------------- PPO
+
+
+class PPOState(struct.PyTreeNode):
+  """Policy and a separate critic (`ValueModel`), each with its own optimizer."""
+
+  policy: TrainState
+  critic: TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOConfig:
+  """Loss hyper-parameters of one PPO update (static under jit)."""
+
+  clip_eps: float = 0.2
+  value_clip_eps: float = 0.2
+  vf_coef: float = 0.1
+  entropy_coef: float = 0.0
+  max_mean_ratio: float = 10.0  # skip the update when the batch's mean ratio exceeds this
+  num_micro_batches: int = 1
+
+
+def _ppo_loss_fn(params, micro, *, state: PPOState, cfg: PPOConfig, num_tokens, num_steps):
+  policy_params, critic_params = params
+  policy = nnx.merge(state.policy.graphdef, policy_params, state.policy.frozen)
+  logits_btv, _, _ = policy(micro["tokens_bt"], micro["positions_bt"])
+  logp_bt = token_logprobs(logits_btv, micro["tokens_bt"])
+  metrics = ppo_policy_loss(logp_bt, micro["old_logp_bt"], micro["advantages_bt"],
+                            micro["loss_mask_bt"], clip_eps=cfg.clip_eps)
+  loss = metrics["policy_loss"].total / num_tokens
+  if cfg.entropy_coef:
+    metrics["entropy"] = masked_sum_count(token_entropy(logits_btv), micro["loss_mask_bt"])
+    loss = loss - cfg.entropy_coef * metrics["entropy"].total / num_tokens
+
+  critic = nnx.merge(state.critic.graphdef, critic_params, state.critic.frozen)
+  values_bs = critic.step_values(micro["tokens_bt"], micro["positions_bt"],
+                                 micro["step_start_idx_bs"])
+  metrics |= value_loss(values_bs, micro["old_values_bs"], micro["returns_bs"],
+                        micro["step_mask_bs"], clip_eps=cfg.value_clip_eps)
+  loss = loss + cfg.vf_coef * metrics["value_loss"].total / num_steps
+  return loss, metrics
+
+
+def make_ppo_step(state_template: PPOState, cfg: PPOConfig):
+  """Jitted `(ppo_state, batch) -> (ppo_state, metrics)`: clipped policy + clipped value update.
+
+  Needs the layout keys plus `old_logp_bt`, `advantages_bt` (from `ppo_targets`), `returns_bs`
+  and `old_values_bs`. If the mean ratio exceeds `cfg.max_mean_ratio` the state is returned
+  unchanged and metrics["skipped"] is 1.
+  """
+  def step(state, batch):
+    num_tokens = jnp.maximum(jnp.sum(batch["loss_mask_bt"]), 1.0)
+    num_steps = jnp.maximum(jnp.sum(batch["step_mask_bs"]), 1.0)
+    loss_fn = functools.partial(_ppo_loss_fn, state=state, cfg=cfg, num_tokens=num_tokens,
+                                num_steps=num_steps)
+    (policy_grads, critic_grads), metrics = accumulate_gradients(
+        loss_fn, (state.policy.params, state.critic.params), batch, cfg.num_micro_batches)
+    updated = PPOState(policy=state.policy.apply_gradients(policy_grads),
+                       critic=state.critic.apply_gradients(critic_grads))
+    means = summarize(metrics)
+    skipped = means["ratio"] > cfg.max_mean_ratio
+    new_state = jax.tree.map(lambda old, new: jnp.where(skipped, old, new), state, updated)
+    return new_state, means | {
+        "skipped": skipped.astype(jnp.float32),
+        "policy_grad_norm": optax.global_norm(policy_grads),
+        "critic_grad_norm": optax.global_norm(critic_grads)}
+  return _jit_update(step, state_template)
+
+
+# ----------------------------------------------------------------------------- forward passes
+
+
+@functools.partial(jax.jit, static_argnames="num_micro_batches")
+def forward_logprobs(state: TrainState, batch: Batch, *, num_micro_batches: int = 1) -> jax.Array:
+  """Token-aligned log pi(token t | tokens < t) [B, T] of the state's model (old / reference)."""
+  def logprobs(micro):
+    logits_btv, _, _ = state.model()(micro["tokens_bt"], micro["positions_bt"])
+    return token_logprobs(logits_btv, micro["tokens_bt"])
+  inputs = {key: batch[key] for key in ("tokens_bt", "positions_bt")}
+  return map_micro_batches(logprobs, inputs, num_micro_batches)
+
+
+@functools.partial(jax.jit, static_argnames=("at", "num_micro_batches"))
+def forward_step_values(state: TrainState, batch: Batch, *, at: str,
+                        num_micro_batches: int = 1) -> jax.Array:
+  """A `ValueModel`'s head outputs per step [B, S] (0 on padding steps).
+
+  at="end": at the last token of each action (progress estimator c_s);
+  at="start": at the last token before each action (critic V(state_s)).
+  """
+  if at not in ("start", "end"):
+    raise ValueError(f"at={at!r}; use 'end' (progress estimator) or 'start' (critic)")
+  idx_key = f"step_{at}_idx_bs"
+
+  def values(micro):
+    return state.model().step_values(micro["tokens_bt"], micro["positions_bt"], micro[idx_key])
+  inputs = {key: batch[key] for key in ("tokens_bt", "positions_bt", idx_key)}
+  return map_micro_batches(values, inputs, num_micro_batches) * batch["step_mask_bs"]
+
+
+def lora_reference(state: TrainState) -> TrainState:
+  """The reference policy of a LoRA-only train state: the same model with adapters zeroed."""
+  variables = jax.tree.leaves(state.params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  if not all(isinstance(v, nnx.LoRAParam) for v in variables):
+    raise ValueError("lora_reference needs a train state created with trainable='lora'; "
+                     "for full fine-tuning keep a frozen copy of the SFT model as reference")
+  return state.with_params(jax.tree.map(jnp.zeros_like, state.params))
