@@ -13,12 +13,16 @@ train state. `rng` is the run's random stream (sampling, shuffling), checkpointe
 update steps are deterministic and do not consume it.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx, struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from spa_jax.sharding import state_shardings
 
 TRAINABLE_FILTERS = {
     "full": nnx.Param,
@@ -59,23 +63,49 @@ def _opt_state_shardings(tx: optax.GradientTransformation, params: nnx.State) ->
   mesh = getattr(jax.tree.leaves(param_shardings)[0], "mesh", None)
   if mesh is None:
     return None
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  replicated = NamedSharding(mesh, PartitionSpec())
   return optax.tree_map_params(tx, lambda _, sharding: sharding, jax.eval_shape(tx.init, params),
                                param_shardings, transform_non_params=lambda _: replicated)
 
 
-def create_train_state(model: nnx.Module, tx: optax.GradientTransformation, *,
-                       trainable: str = "full", seed: int = 0) -> TrainState:
-  """Split `model` into trainable params / frozen state and initialise the optimizer on them."""
+def _split_trainable(model: nnx.Module, trainable: str):
   if trainable not in TRAINABLE_FILTERS:
     raise ValueError(f"unknown trainable={trainable!r}; choose one of {sorted(TRAINABLE_FILTERS)}")
   graphdef, params, frozen = nnx.split(model, TRAINABLE_FILTERS[trainable], ...)
   if not jax.tree.leaves(params):
     raise ValueError(f"trainable={trainable!r} selects no parameters of {type(model).__name__}; "
                      "apply LoRA first (spa_jax.models.apply_lora) or use trainable='full'")
+  return graphdef, params, frozen
+
+
+def create_train_state(model: nnx.Module, tx: optax.GradientTransformation, *,
+                       trainable: str = "full", seed: int = 0) -> TrainState:
+  """Split `model` into trainable params / frozen state and initialise the optimizer on them."""
+  graphdef, params, frozen = _split_trainable(model, trainable)
   opt_state = jax.jit(tx.init, out_shardings=_opt_state_shardings(tx, params))(params)
   return TrainState(graphdef=graphdef, tx=tx, params=params, frozen=frozen, opt_state=opt_state,
                     step=jnp.zeros((), jnp.int32), rng=jax.random.PRNGKey(seed))
+
+
+def abstract_train_state(model_fn: Callable[[], nnx.Module], tx: optax.GradientTransformation, *,
+                         trainable: str, mesh: Mesh) -> TrainState:
+  """The train state `create_train_state(model_fn(), tx, trainable=...)` would give on `mesh`, as
+  `jax.ShapeDtypeStruct`s carrying their target shardings (nothing is allocated): the restore
+  target for checkpoints, valid on any device count."""
+  def with_shardings(abstract, shardings):
+    return jax.tree.map(
+        lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+        abstract, shardings)
+
+  graphdef, params, frozen = _split_trainable(nnx.eval_shape(model_fn), trainable)
+  params = with_shardings(params, state_shardings(params, mesh))
+  frozen = with_shardings(frozen, state_shardings(frozen, mesh))
+  opt_state = with_shardings(jax.eval_shape(tx.init, params), _opt_state_shardings(tx, params))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  return TrainState(
+      graphdef=graphdef, tx=tx, params=params, frozen=frozen, opt_state=opt_state,
+      step=jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
+      rng=jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated))
 
 
 def count_params(params: nnx.State) -> int:
