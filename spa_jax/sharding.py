@@ -136,16 +136,17 @@ def state_partition_specs(state: Any, mesh: Mesh) -> Any:
   return jax.tree.map(lambda s: s.spec, state_shardings(state, mesh))
 
 
-def create_sharded(constructor: Callable[[], nnx.Module], mesh: Mesh) -> nnx.Module:
-  """Build `constructor()` with every parameter created directly on its shards.
+def create_sharded(constructor: Callable[[], nnx.Module], mesh: Mesh | None = None) -> nnx.Module:
+  """Build `constructor()` inside `jax.jit`, each parameter created directly on its shards.
 
-  The model is first traced abstractly (`nnx.eval_shape`), then initialised inside `jax.jit`
-  with `out_shardings`, so no device ever holds a full unsharded copy. `constructor` must
-  create its own `nnx.Rngs` (it runs under tracing).
+  The model is first traced abstractly (`nnx.eval_shape`), then initialised with `out_shardings`
+  from the rules table, so no device ever holds a full unsharded copy (with `mesh=None` the
+  parameters land on the default device; jitted init is also much faster than eager init).
+  `constructor` must create its own `nnx.Rngs` (it runs under tracing).
   """
   abstract = nnx.eval_shape(constructor)
   graphdef, abstract_state = nnx.split(abstract)
-  shardings = state_shardings(abstract_state, mesh)
+  shardings = None if mesh is None else state_shardings(abstract_state, mesh)
 
   def init():
     return nnx.state(constructor())

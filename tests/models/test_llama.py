@@ -1,0 +1,165 @@
+"""Llama forward: cache consistency, padding, remat, jit split/merge, config presets."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from spa_jax.models import KVCache, Llama, LlamaConfig, RopeScaling
+from spa_jax.sharding import create_sharded
+
+MICRO = LlamaConfig(
+    vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
+    num_kv_heads=2, head_dim=16, rope_theta=10_000.0, tie_embeddings=False,
+    rope_scaling=RopeScaling(8.0, 1.0, 4.0, 8),
+)
+
+
+@nnx.jit(static_argnames="compute_logits")
+def jit_call(model, tokens_bt, positions_bt, cache=None, attn_mask_bt=None, compute_logits=True):
+  return model(tokens_bt, positions_bt, cache=cache, attn_mask_bt=attn_mask_bt,
+               compute_logits=compute_logits)
+
+
+def _forward_fn(graphdef):
+  @jax.jit
+  def forward(state, tokens_bt, positions_bt, cache=None):
+    model = nnx.merge(graphdef, state)
+    logits_btv, _, cache = model(tokens_bt, positions_bt, cache=cache)
+    return logits_btv, cache
+
+  return forward
+
+
+def _make(cfg, seed=0):
+  return create_sharded(lambda: Llama(cfg, rngs=nnx.Rngs(seed)))
+
+
+@pytest.fixture(scope="module")
+def micro_model():
+  return _make(MICRO)
+
+
+def _random_tokens(batch, length, seed=0):
+  return jax.random.randint(jax.random.key(seed), (batch, length), 0, MICRO.vocab_size)
+
+
+def test_forward_shapes_and_hidden_to_logits(micro_model):
+  tokens_bt = _random_tokens(2, 7)
+  positions_bt = jnp.broadcast_to(jnp.arange(7), (2, 7))
+  logits_btv, hidden_btd, cache = jit_call(micro_model, tokens_bt, positions_bt)
+  assert logits_btv.shape == (2, 7, MICRO.vocab_size)
+  assert hidden_btd.shape == (2, 7, MICRO.hidden_size)
+  assert cache is None
+  np.testing.assert_allclose(micro_model.logits_from_hidden(hidden_btd), logits_btv, atol=1e-6)
+  no_logits, hidden_again, _ = jit_call(micro_model, tokens_bt, positions_bt, compute_logits=False)
+  assert no_logits is None
+  np.testing.assert_array_equal(hidden_again, hidden_btd)
+
+
+def test_causality(micro_model):
+  tokens_bt = _random_tokens(1, 8)
+  positions_bt = jnp.arange(8)[None]
+  changed_bt = tokens_bt.at[0, 5].set((tokens_bt[0, 5] + 1) % MICRO.vocab_size)
+  logits_a, _, _ = jit_call(micro_model, tokens_bt, positions_bt)
+  logits_b, _, _ = jit_call(micro_model, changed_bt, positions_bt)
+  np.testing.assert_array_equal(logits_a[:, :5], logits_b[:, :5])
+  assert not np.allclose(logits_a[:, 5:], logits_b[:, 5:])
+
+
+def test_prefill_extend_decode_matches_full_forward(micro_model):
+  """Per-row offsets: row 0 has a 5-token prompt, row 1 a 3-token prompt (right-padded)."""
+  full_len, max_len = 12, 16
+  tokens_bt = _random_tokens(2, full_len, seed=1)
+  graphdef, state = nnx.split(micro_model)
+  forward = _forward_fn(graphdef)
+  full_logits_btv, _ = forward(state, tokens_bt, jnp.broadcast_to(jnp.arange(full_len), (2, full_len)))
+
+  lengths = np.array([5, 3])
+  cached_logits = np.zeros((2, full_len, MICRO.vocab_size), np.float32)
+
+  def run_chunk(cache, starts, chunk_len, real_lens):
+    offsets_t = np.arange(chunk_len)
+    positions_bt = starts[:, None] + offsets_t[None]
+    real_bt = offsets_t[None] < real_lens[:, None]
+    idx_bt = np.minimum(positions_bt, full_len - 1)
+    chunk_tokens_bt = jnp.take_along_axis(tokens_bt, jnp.asarray(idx_bt), axis=1)
+    logits_btv, cache = forward(state, chunk_tokens_bt, jnp.asarray(positions_bt, jnp.int32), cache)
+    for row in range(2):
+      for j in range(real_lens[row]):
+        cached_logits[row, positions_bt[row, j]] = logits_btv[row, j]
+    return cache
+
+  cache = KVCache.init(MICRO, 2, max_len, jnp.float32)
+  cache = run_chunk(cache, np.array([0, 0]), 5, lengths)  # prefill (row 1 padded)
+  cache = run_chunk(cache, lengths, 4, np.array([4, 4]))  # extend: an "observation"
+  lengths = lengths + 4
+  while (lengths < full_len).any():  # token-by-token decode; finished rows park at max_len
+    real = (lengths < full_len).astype(int)
+    starts = np.where(real == 1, lengths, max_len)
+    cache = run_chunk(cache, starts, 1, real)
+    lengths = lengths + real
+  np.testing.assert_allclose(cached_logits, full_logits_btv, atol=2e-5, rtol=1e-5)
+
+
+def test_left_padding_mask_matches_unpadded(micro_model):
+  tokens_t = _random_tokens(1, 6, seed=2)[0]
+  pad = 3
+  padded_bt = jnp.concatenate([jnp.zeros((pad,), jnp.int32), tokens_t])[None]
+  mask_bt = (jnp.arange(pad + 6) >= pad)[None]
+  positions_bt = jnp.maximum(jnp.cumsum(mask_bt, axis=1) - 1, 0)
+  padded_logits, _, _ = jit_call(micro_model, padded_bt, positions_bt, attn_mask_bt=mask_bt)
+  plain_logits, _, _ = jit_call(micro_model, tokens_t[None], jnp.arange(6)[None])
+  assert np.isfinite(np.asarray(padded_logits)).all()
+  np.testing.assert_allclose(padded_logits[:, pad:], plain_logits, atol=2e-5)
+
+
+def test_remat_gives_same_values_and_grads(micro_model):
+  tokens_bt = _random_tokens(2, 6, seed=3)
+  positions_bt = jnp.broadcast_to(jnp.arange(6), (2, 6))
+  graphdef, state = nnx.split(micro_model)
+  remat_graphdef = nnx.graphdef(nnx.eval_shape(lambda: Llama(MICRO.replace(remat_policy="dots"), rngs=nnx.Rngs(0))))
+
+  def loss(state, graphdef):
+    logits_btv, _, _ = nnx.merge(graphdef, state)(tokens_bt, positions_bt)
+    return jnp.mean(jax.nn.logsumexp(logits_btv, axis=-1))
+
+  value, grads = jax.jit(jax.value_and_grad(loss), static_argnums=1)(state, graphdef)
+  remat_value, remat_grads = jax.jit(jax.value_and_grad(loss), static_argnums=1)(state, remat_graphdef)
+  np.testing.assert_allclose(remat_value, value, rtol=1e-6)
+  for g, rg in zip(jax.tree.leaves(grads), jax.tree.leaves(remat_grads)):
+    np.testing.assert_allclose(rg, g, atol=1e-6)
+
+
+def test_bf16_compute_path():
+  cfg = MICRO.replace(param_dtype="bfloat16", dtype="bfloat16")
+  model = _make(cfg)
+  logits_btv, hidden_btd, _ = jit_call(model, _random_tokens(1, 5), jnp.arange(5)[None])
+  assert logits_btv.dtype == jnp.bfloat16 and hidden_btd.dtype == jnp.bfloat16
+  assert all(p.dtype == jnp.bfloat16 for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def test_bad_inputs_raise_clear_errors(micro_model):
+  with pytest.raises(ValueError, match="positions_bt"):
+    micro_model(jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 3), jnp.int32))
+  with pytest.raises(ValueError, match="attn_mask_bt is not used with a KV cache"):
+    micro_model(jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.int32),
+                cache=KVCache.init(MICRO, 1, 8), attn_mask_bt=jnp.ones((1, 4)))
+  with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+    MICRO.replace(num_kv_heads=3)
+  with pytest.raises(ValueError, match="Unknown Llama preset"):
+    LlamaConfig.preset("llama9")
+
+
+@pytest.mark.parametrize("name,params_b", [("llama3.2-1b", 1.236), ("llama3.2-3b", 3.213), ("llama3.1-8b", 8.030)])
+def test_presets_have_published_parameter_counts(name, params_b):
+  cfg = LlamaConfig.preset(name)
+  abstract = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
+  count = sum(x.size for x in jax.tree.leaves(nnx.state(abstract)))
+  assert count / 1e9 == pytest.approx(params_b, abs=0.001)
+
+
+def test_hf_dict_round_trip():
+  cfg = LlamaConfig.preset("llama3.2-3b")
+  assert LlamaConfig.from_hf_dict(cfg.to_hf_dict()) == cfg
