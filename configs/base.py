@@ -44,8 +44,8 @@ def get_base_config(preset: str = TINY) -> ml_collections.ConfigDict:
       catalogue="dir" if real else "embedded",  # "embedded" | "dir"
       data_dir=config_dict.placeholder(str),  # WebShop data files; required when catalogue == "dir"
       goals="human" if real else "synthetic",  # "synthetic" | "human"
-      train_split="train",
-      eval_split="eto_test" if real else "test",
+      train_split="paper_train" if real else "train",  # or "file:/path/to/indices.json"
+      eval_split="paper_test" if real else "test",
       max_steps=10,
       observation_mode="text",  # "text" | "text_rich"
       num_envs=32 if real else 8,  # live episodes per process
