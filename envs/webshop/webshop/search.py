@@ -83,7 +83,8 @@ class SearchEngine:
         self._products = list(products)
         self._asins = {p.asin for p in self._products}
         self.index_dir = ensure_index(self._products, cache_dir)
-        self._bm25 = LuceneBM25(self.index_dir)
+        with _quiet_java_logs(self.index_dir.parent / "searcher.log"):
+            self._bm25 = LuceneBM25(self.index_dir)
         self._rng = random.Random(seed)
         self._cached_bm25 = functools.lru_cache(maxsize=cache_size)(self._catalogue_top_n)
 
@@ -114,7 +115,8 @@ class LuceneBM25:
 
     def __init__(self, index_dir: Path):
         java = _java_class
-        from jnius import cast
+        _configure_jvm()
+        from jnius import cast  # only after the classpath is set: importing jnius starts the JVM
         directory = java("org.apache.lucene.store.FSDirectory").open(java("java.io.File")(str(index_dir)).toPath())
         reader = java("org.apache.lucene.index.DirectoryReader").open(directory)
         self._searcher = java("org.apache.lucene.search.IndexSearcher")(cast("org.apache.lucene.index.IndexReader", reader))

@@ -1,0 +1,154 @@
+"""`ScriptedExpert`: a goal-aware WebShop policy that writes ReAct turns, for SFT demonstrations.
+
+The expert knows the goal (privileged) but acts, where it can, in ways a model could learn from the
+visible text: it searches with words from the instruction, clicks the listed product whose title the
+instruction describes, selects the option values the instruction names, and buys. Privilege is used to
+pick WHICH instruction-derived query puts the target on the first results page (falling back to the
+target's title when none does) and to tell apart near misses whose titles look alike.
+
+Each turn is two lines, `Thought: ...` and `Action: ...`. `run_expert_episode` plays one goal and
+returns its steps.
+"""
+
+import re
+from typing import NamedTuple
+
+from webshop.pages import PRODUCT_WINDOW
+
+_OPENERS = re.compile(r"^(i am looking for|i'm looking for|im looking for|i am searching for|i would like|i need|"
+                      r"i want|find me|get me|can you find me|show me|looking for)\s+(an?\s+|some\s+)?")
+_OPTIONS_TEXT = re.compile(r" with [a-z ]+: .*?(?=, and price lower than|$)")
+_PRICE_TEXT = re.compile(r",? and price lower than ([\d.]+) dollars")
+_NAVIGATION = {"back to search", "next >", "< prev", "description", "features", "reviews", "buy now", "attributes"}
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+class ExpertStep(NamedTuple):
+    """One turn of an expert episode: what the agent saw, what it said, and what the env returned."""
+    observation: str
+    response: str        # "Thought: ...\nAction: ..."
+    reward: float
+    done: bool
+    info: dict
+
+
+class ScriptedExpert:
+    """`act(obs, info) -> "Thought: ...\\nAction: ..."` for the goal in `info["goal"]`.
+
+    One instance per concurrent episode: it remembers the options it already selected (text pages do not
+    show them) and forgets at every reset (`info["step_count"] == 0`).
+    """
+
+    def __init__(self, catalogue):
+        self.catalogue = catalogue
+        self._asin_by_lower = {asin.lower(): asin for asin in catalogue.by_asin}
+        self._selected: set[str] = set()
+        self._searches = 0
+
+    def act(self, obs: str, info: dict) -> str:
+        if info.get("step_count", 0) == 0:
+            self._selected, self._searches = set(), 0
+        goal = info["goal"]
+        available = info["available_actions"]
+        clickables = available["clickables"]
+        if available["has_search_bar"]:
+            return self._search(goal)
+        if "buy now" in clickables:
+            return self._on_item(goal, clickables)
+        if "next >" in clickables:
+            return self._on_results(goal, obs, clickables)
+        if "< prev" in clickables:
+            return _turn("This page has no options or buy button; I'll go back to the product page.", "click[< prev]")
+        raise ValueError("the episode is over (no clickables); reset the env before asking the expert to act")
+
+    def _search(self, goal: dict) -> str:
+        """The n-th search of the episode uses the n-th query of `_ranked_queries`."""
+        self._searches += 1
+        queries = self._ranked_queries(goal)
+        query, reason = queries[min(self._searches, len(queries)) - 1]
+        return _turn(f"I {reason}; I'll search for it.", f"search[{query}]")
+
+    def _ranked_queries(self, goal: dict) -> list[tuple[str, str]]:
+        """Instruction-derived queries, then the target's title; the first whose first page shows the target moved to the front."""
+        request = instruction_request(goal["instruction_text"])
+        option_words = " ".join(_option_values(goal))
+        title = self.catalogue.by_asin[goal["asin"]].title
+        queries = [
+            (request, f"need {request}"),
+            (f"{request} {option_words}".strip(), f"need {request}, {option_words}".rstrip(", ")),
+            (f"{goal['query']} {' '.join(goal['attributes'])}", f"need {goal['query']} that is {', '.join(goal['attributes'])}"),
+            (title.lower(), f"am looking for a product like \"{title}\""),
+        ]
+        search = self.catalogue.search_engine.search
+        first_hit = next((q for q in queries if goal["asin"] in search(q[0])[:PRODUCT_WINDOW]), None)
+        return ([first_hit] if first_hit else []) + [q for q in queries if q is not first_hit]
+
+    def _on_results(self, goal: dict, obs: str, clickables: list[str]) -> str:
+        listed = [self._asin_by_lower[c] for c in clickables if c not in _NAVIGATION and c in self._asin_by_lower]
+        target = goal["asin"]
+        if target in listed:
+            return self._click_product(goal, target, "matches")
+        if self._searches < 2:
+            return _turn("None of these results is what the instruction asks for; I'll go back and search "
+                         "with other words.", "click[back to search]")
+        if not listed:
+            return _turn("There are no results here; I'll search again.", "click[back to search]")
+        best = max(listed, key=lambda asin: _overlap(goal["instruction_text"], self.catalogue.by_asin[asin].title))
+        return self._click_product(goal, best, "is the closest match to")
+
+    def _click_product(self, goal: dict, asin: str, relation: str) -> str:
+        title = self.catalogue.by_asin[asin].title
+        attributes = [a for a in goal["attributes"] if a.lower() in title.lower()]
+        detail = f", with {', '.join(attributes)}" if attributes else ""
+        return _turn(f"{asin} \"{title}\" {relation} the {goal['query']} I need{detail}; I'll open it.",
+                     f"click[{asin.lower()}]")
+
+    def _on_item(self, goal: dict, clickables: list[str]) -> str:
+        for value in _option_values(goal):
+            if value in clickables and value not in self._selected:
+                self._selected.add(value)
+                return _turn(f"The instruction asks for {value}, and this product offers it; I'll select it.",
+                             f"click[{value}]")
+        price = _PRICE_TEXT.search(goal["instruction_text"])
+        price_note = f", and its price is below {price.group(1)} dollars" if price else ""
+        return _turn(f"This product fits the instruction{price_note}; I'll buy it.", "click[buy now]")
+
+
+def instruction_request(instruction_text: str) -> str:
+    """What the instruction asks for, without the opener, the option list and the price clause."""
+    text = _PRICE_TEXT.sub("", instruction_text.lower().strip())
+    text = _OPTIONS_TEXT.sub("", text)
+    return _OPENERS.sub("", text).strip(" ,.")
+
+
+def action_of(response: str) -> str:
+    """The action line of a `Thought: ...\\nAction: ...` turn."""
+    return response.rsplit("Action: ", 1)[-1].strip()
+
+
+def run_expert_episode(env, goal_index: int, expert: ScriptedExpert | None = None) -> list[ExpertStep]:
+    """Play goal `goal_index` with the expert until the episode ends; one `ExpertStep` per turn."""
+    expert = expert or ScriptedExpert(env.catalogue)
+    obs, info = env.reset(goal_index)
+    steps = []
+    while True:
+        response = expert.act(obs, info)
+        next_obs, reward, terminated, truncated, next_info = env.step(action_of(response))
+        steps.append(ExpertStep(obs, response, reward, terminated or truncated, next_info))
+        if terminated or truncated:
+            return steps
+        obs, info = next_obs, next_info
+
+
+def _option_values(goal: dict) -> list[str]:
+    options = goal.get("goal_options") or {}
+    values = options.values() if isinstance(options, dict) else options
+    return [v.lower() for v in values]
+
+
+def _overlap(instruction: str, title: str) -> int:
+    return len(set(_WORD.findall(instruction.lower())) & set(_WORD.findall(title.lower())))
+
+
+def _turn(thought: str, action: str) -> str:
+    return f"Thought: {thought}\nAction: {action}"
