@@ -34,10 +34,10 @@ class EnvBatch(Protocol):
   num_envs: int
 
   def reset(self, goal_indices: Sequence[int], env_ids: Sequence[int]) -> tuple[list[str], list[dict]]:
-    ...
+    """Starts env `env_ids[k]` on goal `goal_indices[k]`."""
 
-  def step(self, actions: Sequence[str], env_ids: Sequence[int]) -> list[tuple[str, float, bool, bool, dict]]:
-    ...
+  def step(self, actions: Sequence[str | None]) -> list[tuple[str, float, bool, bool, dict] | None]:
+    """One action per env; None leaves that env alone (its result is None)."""
 
 
 @dataclasses.dataclass
@@ -193,8 +193,12 @@ def run_episodes(policy_sampler, params, pool: EnvBatch, tokenizer, tasks: Seque
     if not acting:
       continue
     parsed = {s: af.parse_action(generation.texts[s]) for s in acting}
-    results = pool.step([parsed[s][0] or NO_OP_ACTION for s in acting], acting)
-    for s, (observation, reward, terminated, truncated, info) in zip(acting, results):
+    actions: list[str | None] = [None] * pool.num_envs
+    for s in acting:
+      actions[s] = parsed[s][0] or NO_OP_ACTION
+    results = pool.step(actions)
+    for s in acting:
+      observation, reward, terminated, truncated, info = results[s]
       episode = slots[s]
       action, error = parsed[s]
       output = generation.texts[s]

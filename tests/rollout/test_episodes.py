@@ -36,9 +36,12 @@ class ToyShop:
   def _render(self, env_id):
     return self.envs[env_id]["page"].format(goal=f"buy mug {self.envs[env_id]['goal']}")
 
-  def step(self, actions, env_ids):
+  def step(self, actions):
     results = []
-    for env_id, action in zip(env_ids, actions):
+    for env_id, action in enumerate(actions):
+      if action is None:
+        results.append(None)
+        continue
       env = self.envs[env_id]
       env["steps"] += 1
       if env["goal"] == FAILING_TASK:
@@ -186,3 +189,38 @@ def test_history_window_reprefills_an_elided_conversation(tokenizer):
   sampler, records, _ = run(tokenizer, [2], samples=1, history_window=1)
   [record] = records
   assert record["termination"] == "purchase" and record["tokens"] is None
+
+
+@pytest.mark.slow
+def test_tiny_model_on_the_embedded_env_pool(tokenizer):
+  """Real components end to end: tiny random Llama + Sampler + EnvPool on the embedded catalogue."""
+  from flax import nnx
+  from webshop.pool import EnvPool
+
+  from spa_jax.models.config import LlamaConfig
+  from spa_jax.models.llama import Llama
+  from spa_jax.rollout.generate import Sampler
+
+  cfg = LlamaConfig.preset("tiny", vocab_size=1024, num_layers=2, hidden_size=64, intermediate_size=128,
+                           num_heads=2, num_kv_heads=1, head_dim=32)
+  graphdef, params = nnx.split(Llama(cfg, rngs=nnx.Rngs(0)))
+  sampler = Sampler(graphdef, cfg, tokenizer, batch_size=3, max_len=2048, length_buckets=(512,))
+  records = []
+  with EnvPool("embedded", num_envs=3, num_workers=1, max_steps=2) as pool:
+    summary = episodes.run_episodes(
+        sampler, params, pool, tokenizer, [0, 1], samples_per_task=2, temperature=0.0,
+        max_new_tokens=8, rng=jax.random.key(0), on_trajectory=records.append, one_shot=False,
+        show_progress=False)
+  assert summary["episodes"] == 4 and len(records) == 4
+  for record in records:
+    assert record["termination"] in ("max_steps", "purchase") and 1 <= record["num_steps"] <= 2
+    assert record["steps"][0]["observation"].startswith("Observation:\nWebShop [SEP] Instruction:")
+    assert record["instruction"] and record["instruction"] in record["steps"][0]["observation"]
+    for step in record["steps"]:
+      assert 1 <= len(step["token_logprobs"]) <= 8 and max(step["token_logprobs"]) <= 0.0
+    assert sum(record["action_mask"]) >= sum(len(s["token_logprobs"]) for s in record["steps"])
+    assert len(record["tokens"]) == len(record["action_mask"])
+  by_task = {}
+  for record in records:  # greedy decoding: both rollouts of a task are identical
+    by_task.setdefault(record["task_id"], []).append([s["model_output"] for s in record["steps"]])
+  assert all(a == b for a, b in by_task.values())
