@@ -1,0 +1,255 @@
+"""A WebShop catalogue: products, goals, splits and the (lazy) search engine.
+
+Products are built from WebShop's raw files with the rules of the original
+``load_products`` (``web_agent_site/engine/engine.py``): skip ASINs that are
+``'nan'``, longer than 10 characters or repeated; ``num_products`` keeps the first
+N raw entries; prices parsed from the ``pricing`` string (at most two, shown as
+``$lo`` or ``$lo to $hi``, ``$100.0`` when missing); option names lowercased,
+values stripped, ``/`` -> `` | ``, lowercased; ``Attributes`` from ins_v2, or
+``['DUMMY_ATTR']`` when the ASIN has no entry.
+
+Departures from the original, on purpose:
+
+* **Seeded prices.** The hidden price of a product with a price range is
+  ``random.Random(f"{price_seed}:{asin}").uniform(lo, hi)`` and every goal's
+  ``price_upper`` comes from a per-ASIN seeded RNG too (``goals.py``). The
+  original draws both from the unseeded global ``random``, so they differ
+  between processes; ours are identical in every process for a given seed.
+* **Title nouns precomputed** once per product (``nouns.py``); the tagger used is
+  recorded as ``Catalogue.noun_tagger``.
+* Pricing strings the original would crash on (a ``$`` with no digits) lose the
+  bad pieces; no parsable price counts as missing. Products without images get
+  ``main_image = ''``. A product without an ins_v2 entry has no instruction
+  (the original raises KeyError there).
+"""
+
+import functools
+import json
+import os
+import random
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+
+from webshop import goals as goals_lib
+from webshop.nouns import NounTagger
+
+MISSING_PRICE = 100.0
+DUMMY_ATTRIBUTE = 'DUMMY_ATTR'
+GOAL_KINDS = ('synthetic', 'human')
+EMBEDDED_NUM_PRODUCTS = 1200
+EMBEDDED_SEED = 0
+
+
+@dataclass(frozen=True)
+class Product:
+    """One product as the environment shows and scores it."""
+
+    asin: str
+    title: str
+    description: str
+    bullet_points: tuple[str, ...]
+    price_display: str               # "$19.99" or "$25.99 to $39.99"
+    price_range: tuple[float, ...]   # 1 or 2 prices
+    hidden_price: float              # the price the reward checks (seeded draw within a range)
+    options: dict[str, list[str]]    # option name -> values, in page order
+    attributes: tuple[str, ...]
+    category: str
+    query: str
+    product_category: str            # "A › B › C"
+    main_image: str
+    title_nouns: frozenset[str]      # lowercased NOUN/PROPN tokens of the title
+    title_noun_count: int            # number of such tokens with repeats (the reward divides by it)
+
+
+def parse_pricing(pricing) -> tuple[tuple[float, ...], str]:
+    """``(prices, display)`` from a raw ``pricing`` string such as ``"$25.99$39.99"``."""
+    prices = []
+    for piece in (pricing or '').split('$')[1:]:
+        digits = re.sub(r'[^\d.]', '', piece)
+        try:
+            prices.append(float(Decimal(digits)))
+        except ArithmeticError:
+            continue
+    if not prices:
+        return (MISSING_PRICE,), f'${MISSING_PRICE}'
+    if len(prices) == 1:
+        return (prices[0],), f'${prices[0]}'
+    return (prices[0], prices[1]), f'${prices[0]} to ${prices[1]}'
+
+
+def parse_options(customization_options) -> dict[str, list[str]]:
+    """Option name -> normalised values from a raw ``customization_options`` dict (or null / '')."""
+    options = {}
+    for name, contents in (customization_options or {}).items():
+        if contents is None:
+            continue
+        options[name.lower()] = [c['value'].strip().replace('/', ' | ').lower() for c in contents]
+    return options
+
+
+def hidden_price(price_range: tuple[float, ...], asin: str, price_seed: int) -> float:
+    """The single price, or a seeded uniform draw within a two-price range."""
+    if len(price_range) == 1:
+        return price_range[0]
+    return random.Random(f'{price_seed}:{asin}').uniform(*price_range)
+
+
+def _selected_raw_items(raw_items: list[dict], num_products: int | None) -> list[dict]:
+    seen, kept = set(), []
+    for item in raw_items if num_products is None else raw_items[:num_products]:
+        asin = item['asin']
+        if asin == 'nan' or len(asin) > 10 or asin in seen:
+            continue
+        seen.add(asin)
+        kept.append(item)
+    return kept
+
+
+def build_products(raw_items: list[dict], instructions: dict, *, num_products: int | None = None,
+                   price_seed: int = 0, tagger: NounTagger) -> list[Product]:
+    """Products from raw items (``items_shuffle`` schema) and the ins_v2 attributes dict."""
+    items = _selected_raw_items(raw_items, num_products)
+    nouns = tagger.tag([item['name'] for item in items])
+    products = []
+    for item, title_nouns in zip(items, nouns):
+        asin = item['asin']
+        price_range, price_display = parse_pricing(item.get('pricing'))
+        bullets = item['small_description']
+        entry = instructions.get(asin, {})
+        products.append(Product(
+            asin=asin,
+            title=item['name'],
+            description=item['full_description'] or '',
+            bullet_points=tuple(bullets if isinstance(bullets, list) else [bullets]),
+            price_display=price_display,
+            price_range=price_range,
+            hidden_price=hidden_price(price_range, asin, price_seed),
+            options=parse_options(item.get('customization_options')),
+            attributes=tuple(entry['attributes']) if 'attributes' in entry else (DUMMY_ATTRIBUTE,),
+            category=item['category'],
+            query=item['query'].lower().strip(),
+            product_category=item['product_category'],
+            main_image=(item.get('images') or [''])[0],
+            title_nouns=title_nouns.tokens,
+            title_noun_count=title_nouns.count,
+        ))
+    return products
+
+
+def default_cache_dir() -> Path:
+    """``$WEBSHOP_CACHE_DIR``, else ``~/.cache/spa-webshop``."""
+    return Path(os.environ.get('WEBSHOP_CACHE_DIR', Path.home() / '.cache' / 'spa-webshop'))
+
+
+class Catalogue:
+    """Products, goals (in the original's shuffled order) and named goal-index splits."""
+
+    def __init__(self, products: list[Product], goals: list[dict], *, goal_kind: str, noun_tagger: str,
+                 split_scheme: str, price_seed: int, cache_dir: Path | None = None):
+        self.products = products
+        self.by_asin = {p.asin: p for p in products}
+        self.goals = goals
+        self.goal_kind = goal_kind
+        self.noun_tagger = noun_tagger
+        self.split_scheme = split_scheme   # "embedded" (train/test) or "paper" (paper_* splits)
+        self.price_seed = price_seed
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+
+    @classmethod
+    def from_raw(cls, raw: dict, goals: str = 'synthetic', *, num_products: int | None = None,
+                 price_seed: int = 0, split_scheme: str = 'paper', cache_dir: Path | None = None) -> 'Catalogue':
+        """Build from the raw file contents ``{"items", "attributes", "human"}``."""
+        if goals not in GOAL_KINDS:
+            raise ValueError(f'goals must be one of {GOAL_KINDS}, got {goals!r}')
+        tagger = NounTagger()
+        products = build_products(raw['items'], raw['attributes'], num_products=num_products,
+                                  price_seed=price_seed, tagger=tagger)
+        if goals == 'human':
+            goal_list = goals_lib.human_goals(products, raw['human'], price_seed)
+        else:
+            goal_list = goals_lib.synthetic_goals(products, raw['attributes'], price_seed)
+        return cls(products, goals_lib.shuffle_goals(goal_list), goal_kind=goals, noun_tagger=tagger.name,
+                   split_scheme=split_scheme, price_seed=price_seed, cache_dir=cache_dir)
+
+    @classmethod
+    def from_dir(cls, path, goals: str = 'synthetic', *, num_products: int | None = None,
+                 price_seed: int = 0, cache_dir: Path | None = None) -> 'Catalogue':
+        """Build from a directory of real WebShop files.
+
+        Reads ``items_shuffle*.json`` and the ``items_ins_v2*.json`` with the same
+        suffix (e.g. ``_1000``), plus ``items_human_ins.json`` for human goals.
+        """
+        raw = read_raw_dir(Path(path), need_human=goals == 'human')
+        return cls.from_raw(raw, goals, num_products=num_products, price_seed=price_seed,
+                            split_scheme='paper', cache_dir=cache_dir)
+
+    @classmethod
+    def embedded_default(cls) -> 'Catalogue':
+        """The deterministic synthetic catalogue (built once per process), synthetic goals, train/test splits."""
+        return _embedded_default()
+
+    @functools.cached_property
+    def search_engine(self):
+        from webshop.search import SearchEngine
+        return SearchEngine(self.products, self.cache_dir / 'search')
+
+    def split(self, name: str) -> list[int]:
+        """Goal indices of a named split.
+
+        ``"all"``; embedded catalogues: ``"train"`` / ``"test"`` (product-disjoint,
+        200 test goals); real catalogues: ``"paper_test"`` (0-499), ``"paper_dev"``
+        (500-1499), ``"paper_train"`` (1500-). ``"file:/path.json"``: a JSON list of
+        indices, e.g. ETO/SPA-RL's ``test_indices.json`` (not shipped here).
+        """
+        if name == 'all':
+            return list(range(len(self.goals)))
+        if name.startswith('file:'):
+            return goals_lib.file_split(name.removeprefix('file:'), len(self.goals))
+        names = ('train', 'test') if self.split_scheme == 'embedded' else ('paper_train', 'paper_dev', 'paper_test')
+        if name not in names:
+            raise ValueError(f'unknown split {name!r} for this {self.split_scheme} catalogue; '
+                             f'use one of {names + ("all", "file:/path/to/indices.json")}')
+        if self.split_scheme == 'embedded':
+            return goals_lib.embedded_split(name, self.goals)
+        return goals_lib.paper_split(name, len(self.goals))
+
+
+@functools.cache
+def _embedded_default() -> Catalogue:
+    from webshop.synthetic import generate_raw
+    raw = generate_raw(num_products=EMBEDDED_NUM_PRODUCTS, seed=EMBEDDED_SEED)
+    return Catalogue.from_raw(raw, 'synthetic', split_scheme='embedded')
+
+
+def _find_one(directory: Path, pattern: str, fix: str) -> Path:
+    matches = sorted(directory.glob(pattern))
+    if not matches:
+        raise FileNotFoundError(f'no {pattern} in {directory}: {fix}')
+    if len(matches) > 1:
+        raise ValueError(f'several {pattern} in {directory} ({", ".join(m.name for m in matches)}); '
+                         'keep one catalogue per directory')
+    return matches[0]
+
+
+def read_raw_dir(directory: Path, need_human: bool) -> dict:
+    """The raw file contents of a WebShop data directory, as ``{"items", "attributes", "human"}``."""
+    fix = ('download the WebShop data (setup.sh -d small gives items_shuffle_1000.json and '
+           'items_ins_v2_1000.json) into this directory')
+    if not directory.is_dir():
+        raise FileNotFoundError(f'WebShop data directory {directory} does not exist: {fix}')
+    items_path = _find_one(directory, 'items_shuffle*.json', fix)
+    suffix = items_path.stem.removeprefix('items_shuffle')
+    attributes_path = directory / f'items_ins_v2{suffix}.json'
+    if not attributes_path.exists():
+        raise FileNotFoundError(f'{attributes_path} is missing (it pairs with {items_path.name}): {fix}')
+    human_path = directory / 'items_human_ins.json'
+    if need_human and not human_path.exists():
+        raise FileNotFoundError(f'{human_path} is missing; it is needed for goals="human" '
+                                '(or use goals="synthetic")')
+    return {
+        'items': json.loads(items_path.read_text()),
+        'attributes': json.loads(attributes_path.read_text()),
+        'human': json.loads(human_path.read_text()) if need_human else {},
+    }
