@@ -5,7 +5,8 @@ Layout (documented in WORKSPACE.md):
   <stage>/config.json         the config the stage last ran with
   <stage>/DONE.json           fingerprint + summary, written when the stage finishes
   checkpoints/<stage>/        Orbax checkpoints
-  trajectories/<name>.jsonl   one trajectory per line
+  trajectories/<name>.p<k>.jsonl  one trajectory per line, written by process k
+  arrayrecord/<name>/         optional tensorflow-datasets ArrayRecord copy
   metrics/<stage>.jsonl       {"step", "time", **scalars} per line
   tb/<stage>/                 TensorBoard event files
   plots/<name>.png, reports/<name>.json
@@ -56,8 +57,18 @@ class Workspace:
   def checkpoint_dir(self, stage: str) -> pathlib.Path:
     return self._dir("checkpoints", stage)
 
-  def trajectories_path(self, name: str) -> pathlib.Path:
-    return self._dir("trajectories") / f"{name}.jsonl"
+  def trajectories_path(self, name: str, shard: int | None = None) -> pathlib.Path:
+    """`trajectories/<name>.jsonl`, or process `shard`'s part `trajectories/<name>.p<shard>.jsonl`."""
+    return self._dir("trajectories") / (f"{name}.jsonl" if shard is None else f"{name}.p{shard}.jsonl")
+
+  def trajectory_shards(self, name: str) -> list[pathlib.Path]:
+    """Every process's part of the trajectory set `name`, in shard order."""
+    shards = self._dir("trajectories").glob(f"{name}.p*.jsonl")
+    return sorted(shards, key=lambda p: int(p.name[len(name) + 2:-len(".jsonl")]))
+
+  def array_record_dir(self, name: str) -> pathlib.Path:
+    """`arrayrecord/<name>/`: a tensorflow-datasets ArrayRecord copy of a dataset."""
+    return self._dir("arrayrecord", name)
 
   def metrics_path(self, stage: str) -> pathlib.Path:
     return self._dir("metrics") / f"{stage}.jsonl"
