@@ -77,7 +77,13 @@ def plan(cfg: ml_collections.ConfigDict, ws: Workspace) -> list[str]:
 
 def default_stage(stage: str) -> StageFn:
   """`spa_jax.stages.<stage>.run`."""
-  return importlib.import_module(f"spa_jax.stages.{stage}").run
+  module = f"spa_jax.stages.{stage}"
+  try:
+    return importlib.import_module(module).run
+  except ModuleNotFoundError as error:
+    if error.name != module:
+      raise
+    raise NotImplementedError(f"Stage {stage!r} has no implementation yet ({module} is missing).") from error
 
 
 def run_pipeline(cfg: ml_collections.ConfigDict, ws: Workspace,
@@ -89,10 +95,10 @@ def run_pipeline(cfg: ml_collections.ConfigDict, ws: Workspace,
   """
   todo = plan(cfg, ws)
   prints = fingerprints(cfg, todo)
+  runs = {stage: stage_fns[stage] if stage_fns is not None else default_stage(stage) for stage in todo}
   logging.info("Workspace %s: stages to run %s", ws.root, todo or "none (all current)")
   summaries = {}
-  for stage in todo:
-    run = stage_fns[stage] if stage_fns is not None else default_stage(stage)
+  for stage, run in runs.items():
     if distributed.is_main_process():
       ws.clear_done(stage)
       ws.write_config(stage_config(stage, cfg), stage)
