@@ -1,0 +1,156 @@
+"""Lucene's BM25 ranking in numpy: pyserini's `LuceneSearcher.search(query, k)` without Java.
+
+Reproduces, for an index built the way WebShop builds it (one `contents` field per document,
+Anserini's default English analyzer) and searched with pyserini's defaults:
+
+* terms: `webshop.english_analyzer.analyze`, identical token streams to Lucene's;
+* query: Anserini's `BagOfWordsQueryGenerator` (one SHOULD clause per analyzed query token), which
+  Lucene's `BooleanQuery.rewrite` merges into one clause per distinct term boosted by its count;
+* similarity: Lucene 9 `BM25Similarity(k1=0.9, b=0.4)` (Anserini's defaults) in float32 exactly as
+  Lucene computes it: `idf = (float) ln(1 + (N - n + 0.5) / (n + 0.5))`, document lengths stored as
+  one-byte norms (`SmallFloat.intToByte4`, lossy above 40 tokens), `avgdl = sumTotalTermFreq / N`
+  (N = documents with at least one term),
+  per-term score `w - w / (1 + tf * normInverse)` with `w = boost * idf`; a document's clause scores
+  are summed in double and cast to float;
+* ranking: `SimpleSearcher` sorts by score, then by document id string (`BREAK_SCORE_TIES_BY_DOCID`),
+  and keeps the first k; its final 4-decimal rounding of scores does not reorder hits.
+"""
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from webshop.english_analyzer import analyze
+from webshop.search import SEARCH_RETURN_N, document_contents
+
+ANSERINI_K1 = 0.9
+ANSERINI_B = 0.4
+
+
+def int_to_byte4(value: int) -> int:
+    """Lucene `SmallFloat.intToByte4` as an unsigned byte: exact below 40, 4 significant bits above."""
+    if value < 0:
+        raise ValueError(f'lengths are non-negative, got {value}')
+    num_free_values = 24   # 255 - longToInt4(Integer.MAX_VALUE)
+    if value < num_free_values:
+        return value
+    rest = value - num_free_values
+    num_bits = rest.bit_length()
+    if num_bits < 4:
+        return num_free_values + rest
+    shift = num_bits - 4
+    return num_free_values + (((rest >> shift) & 0x07) | ((shift + 1) << 3))
+
+
+def byte4_to_int(encoded: int) -> int:
+    """Lucene `SmallFloat.byte4ToInt`: the length a norm byte stands for."""
+    num_free_values = 24
+    if encoded < num_free_values:
+        return encoded
+    int4 = encoded - num_free_values
+    shift = (int4 >> 3) - 1
+    bits = int4 & 0x07
+    return num_free_values + (bits if shift == -1 else (bits | 0x08) << shift)
+
+
+LENGTH_TABLE = np.array([byte4_to_int(i) for i in range(256)], dtype=np.float32)
+
+
+def lucene_idf(doc_freq: int, doc_count: int) -> np.float32:
+    """`(float) Math.log(1 + (docCount - docFreq + 0.5) / (docFreq + 0.5))`."""
+    return np.float32(math.log(1 + (doc_count - doc_freq + 0.5) / (doc_freq + 0.5)))
+
+
+def norm_inverse_table(k1: float, b: float, avgdl: np.float32) -> np.ndarray:
+    """`cache[i] = 1f / (k1 * ((1 - b) + b * LENGTH_TABLE[i] / avgdl))` in float32, Lucene's order of operations."""
+    k1_f, b_f, one = np.float32(k1), np.float32(b), np.float32(1)
+    return one / (k1_f * ((one - b_f) + b_f * LENGTH_TABLE / avgdl))
+
+
+class LuceneBM25Index:
+    """An in-memory inverted index over `(doc_id, contents)` pairs, searched like pyserini's LuceneSearcher.
+
+    `search(query) -> [doc_id, ...]` (the best 50) is the interface of `webshop.search.SearchEngine`
+    without its debug prefixes; `top_k(query, k)` matches `webshop.search.LuceneBM25.top_k`.
+    """
+
+    def __init__(self, doc_ids: Sequence[str], contents: Sequence[str], k1: float = ANSERINI_K1,
+                 b: float = ANSERINI_B):
+        if len(doc_ids) != len(contents):
+            raise ValueError(f'got {len(doc_ids)} document ids but {len(contents)} contents; pass one id per document')
+        if len(set(doc_ids)) != len(doc_ids):
+            repeated = [doc_id for doc_id, count in Counter(doc_ids).items() if count > 1][:5]
+            raise ValueError(f'document ids must be unique (repeated: {repeated}); drop or rename the duplicates')
+        if not doc_ids:
+            raise ValueError('cannot index an empty document list; pass at least one document')
+        self.doc_ids = list(doc_ids)
+        self.k1, self.b = k1, b
+        term_counts_per_doc = [Counter(analyze(text)) for text in contents]
+        lengths = np.array([sum(counts.values()) for counts in term_counts_per_doc], dtype=np.int64)
+        self._norm_bytes = np.array([int_to_byte4(int(n)) for n in lengths], dtype=np.uint8)
+        self.doc_count = max(int(np.count_nonzero(lengths)), 1)   # Lucene counts documents with >= 1 term
+        self.avgdl = np.float32(lengths.sum() / self.doc_count)
+        self._norm_inverse = norm_inverse_table(k1, b, self.avgdl)
+        self._build_postings(term_counts_per_doc)
+        id_order = sorted(range(len(doc_ids)), key=lambda i: doc_ids[i].encode('utf-8'))
+        self._id_rank = np.empty(len(doc_ids), dtype=np.int64)
+        self._id_rank[id_order] = np.arange(len(doc_ids))
+
+    @classmethod
+    def from_products(cls, products, **bm25_params) -> 'LuceneBM25Index':
+        """Index catalogue products with WebShop's document text (`webshop.search.document_contents`)."""
+        products = list(products)
+        return cls([p.asin for p in products], [document_contents(p) for p in products], **bm25_params)
+
+    def _build_postings(self, term_counts_per_doc: list[Counter]) -> None:
+        """CSR postings: for term t, docs `_doc[_start[t]:_start[t+1]]` (ascending) with frequencies `_tf`."""
+        self._term_id: dict[str, int] = {}
+        term_ids, doc_numbers, freqs = [], [], []
+        for doc, counts in enumerate(term_counts_per_doc):
+            for term, count in counts.items():
+                term_ids.append(self._term_id.setdefault(term, len(self._term_id)))
+                doc_numbers.append(doc)
+                freqs.append(count)
+        term_ids = np.array(term_ids, dtype=np.int64)
+        order = np.argsort(term_ids, kind='stable')   # stable: documents stay ascending within a term
+        self._doc = np.array(doc_numbers, dtype=np.int64)[order]
+        self._tf = np.array(freqs, dtype=np.float32)[order]
+        doc_freq = np.bincount(term_ids, minlength=len(self._term_id))
+        self._start = np.concatenate([[0], np.cumsum(doc_freq)])
+        self._idf = np.array([lucene_idf(int(n), self.doc_count) for n in doc_freq], dtype=np.float32)
+
+    @property
+    def num_terms(self) -> int:
+        return len(self._term_id)
+
+    def scores(self, query: str) -> np.ndarray:
+        """float32 BM25 score of every document for `query` (pyserini's `hit.score`), NaN where nothing matched."""
+        total_d = np.zeros(len(self.doc_ids), dtype=np.float64)
+        matched_d = np.zeros(len(self.doc_ids), dtype=bool)
+        one = np.float32(1)
+        for term, count in Counter(analyze(query)).items():
+            term_id = self._term_id.get(term)
+            if term_id is None:
+                continue
+            docs = self._doc[self._start[term_id]:self._start[term_id + 1]]
+            tfs = self._tf[self._start[term_id]:self._start[term_id + 1]]
+            weight = np.float32(count) * self._idf[term_id]
+            clause_scores = weight - weight / (one + tfs * self._norm_inverse[self._norm_bytes[docs]])
+            total_d[docs] += clause_scores
+            matched_d[docs] = True
+        return np.where(matched_d, total_d.astype(np.float32), np.float32(np.nan))
+
+    def top_k(self, query: str, k: int) -> list[str]:
+        """Ids of the k best documents, best first: score descending, then id ascending."""
+        if k < 0:
+            raise ValueError(f'k must be >= 0, got {k}')
+        scores = self.scores(query)
+        matched = np.flatnonzero(~np.isnan(scores))
+        ranked = matched[np.lexsort((self._id_rank[matched], -scores[matched]))][:k]
+        return [self.doc_ids[i] for i in ranked]
+
+    def search(self, query: str) -> list[str]:
+        """The best `SEARCH_RETURN_N` (50) document ids for `query`, as WebShop's search returns them."""
+        return self.top_k(query, SEARCH_RETURN_N)
