@@ -42,7 +42,7 @@ class Linear(nnx.Module):
         init(rngs.params(), (in_features, out_features), cfg.param_jnp_dtype),
         logical_axes=logical_axes,
     )
-    self.lora = None
+    self.lora = nnx.data(None)  # a LoRAAdapter once `apply_lora` attaches one
     self.dtype = cfg.compute_jnp_dtype
 
   def __call__(self, x_bti: jax.Array) -> jax.Array:

@@ -6,14 +6,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from spa_jax.models import KVCache, Llama, LlamaConfig, RopeScaling
+from spa_jax.models import KVCache, Llama, LlamaConfig
 from spa_jax.sharding import create_sharded
 
-MICRO = LlamaConfig(
-    vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
-    num_kv_heads=2, head_dim=16, rope_theta=10_000.0, tie_embeddings=False,
-    rope_scaling=RopeScaling(8.0, 1.0, 4.0, 8),
-)
+VOCAB = 97  # tests/conftest.py micro_cfg
 
 
 @nnx.jit(static_argnames="compute_logits")
@@ -36,21 +32,16 @@ def _make(cfg, seed=0):
   return create_sharded(lambda: Llama(cfg, rngs=nnx.Rngs(seed)))
 
 
-@pytest.fixture(scope="module")
-def micro_model():
-  return _make(MICRO)
-
-
 def _random_tokens(batch, length, seed=0):
-  return jax.random.randint(jax.random.key(seed), (batch, length), 0, MICRO.vocab_size)
+  return jax.random.randint(jax.random.key(seed), (batch, length), 0, VOCAB)
 
 
-def test_forward_shapes_and_hidden_to_logits(micro_model):
+def test_forward_shapes_and_hidden_to_logits(micro_model, micro_cfg):
   tokens_bt = _random_tokens(2, 7)
   positions_bt = jnp.broadcast_to(jnp.arange(7), (2, 7))
   logits_btv, hidden_btd, cache = jit_call(micro_model, tokens_bt, positions_bt)
-  assert logits_btv.shape == (2, 7, MICRO.vocab_size)
-  assert hidden_btd.shape == (2, 7, MICRO.hidden_size)
+  assert logits_btv.shape == (2, 7, micro_cfg.vocab_size)
+  assert hidden_btd.shape == (2, 7, micro_cfg.hidden_size)
   assert cache is None
   np.testing.assert_allclose(micro_model.logits_from_hidden(hidden_btd), logits_btv, atol=1e-6)
   no_logits, hidden_again, _ = jit_call(micro_model, tokens_bt, positions_bt, compute_logits=False)
@@ -58,17 +49,17 @@ def test_forward_shapes_and_hidden_to_logits(micro_model):
   np.testing.assert_array_equal(hidden_again, hidden_btd)
 
 
-def test_causality(micro_model):
+def test_causality(micro_model, micro_cfg):
   tokens_bt = _random_tokens(1, 8)
   positions_bt = jnp.arange(8)[None]
-  changed_bt = tokens_bt.at[0, 5].set((tokens_bt[0, 5] + 1) % MICRO.vocab_size)
+  changed_bt = tokens_bt.at[0, 5].set((tokens_bt[0, 5] + 1) % micro_cfg.vocab_size)
   logits_a, _, _ = jit_call(micro_model, tokens_bt, positions_bt)
   logits_b, _, _ = jit_call(micro_model, changed_bt, positions_bt)
   np.testing.assert_array_equal(logits_a[:, :5], logits_b[:, :5])
   assert not np.allclose(logits_a[:, 5:], logits_b[:, 5:])
 
 
-def test_prefill_extend_decode_matches_full_forward(micro_model):
+def test_prefill_extend_decode_matches_full_forward(micro_model, micro_cfg):
   """Per-row offsets: row 0 has a 5-token prompt, row 1 a 3-token prompt (right-padded)."""
   full_len, max_len = 12, 16
   tokens_bt = _random_tokens(2, full_len, seed=1)
@@ -77,7 +68,7 @@ def test_prefill_extend_decode_matches_full_forward(micro_model):
   full_logits_btv, _ = forward(state, tokens_bt, jnp.broadcast_to(jnp.arange(full_len), (2, full_len)))
 
   lengths = np.array([5, 3])
-  cached_logits = np.zeros((2, full_len, MICRO.vocab_size), np.float32)
+  cached_logits = np.zeros((2, full_len, micro_cfg.vocab_size), np.float32)
 
   def run_chunk(cache, starts, chunk_len, real_lens):
     offsets_t = np.arange(chunk_len)
@@ -91,7 +82,7 @@ def test_prefill_extend_decode_matches_full_forward(micro_model):
         cached_logits[row, positions_bt[row, j]] = logits_btv[row, j]
     return cache
 
-  cache = KVCache.init(MICRO, 2, max_len, jnp.float32)
+  cache = KVCache.init(micro_cfg, 2, max_len, jnp.float32)
   cache = run_chunk(cache, np.array([0, 0]), 5, lengths)  # prefill (row 1 padded)
   cache = run_chunk(cache, lengths, 4, np.array([4, 4]))  # extend: an "observation"
   lengths = lengths + 4
@@ -115,11 +106,11 @@ def test_left_padding_mask_matches_unpadded(micro_model):
   np.testing.assert_allclose(padded_logits[:, pad:], plain_logits, atol=2e-5)
 
 
-def test_remat_gives_same_values_and_grads(micro_model):
+def test_remat_gives_same_values_and_grads(micro_model, micro_cfg):
   tokens_bt = _random_tokens(2, 6, seed=3)
   positions_bt = jnp.broadcast_to(jnp.arange(6), (2, 6))
   graphdef, state = nnx.split(micro_model)
-  remat_graphdef = nnx.graphdef(nnx.eval_shape(lambda: Llama(MICRO.replace(remat_policy="dots"), rngs=nnx.Rngs(0))))
+  remat_graphdef = nnx.graphdef(nnx.eval_shape(lambda: Llama(micro_cfg.replace(remat_policy="dots"), rngs=nnx.Rngs(0))))
 
   def loss(state, graphdef):
     logits_btv, _, _ = nnx.merge(graphdef, state)(tokens_bt, positions_bt)
@@ -132,22 +123,22 @@ def test_remat_gives_same_values_and_grads(micro_model):
     np.testing.assert_allclose(rg, g, atol=1e-6)
 
 
-def test_bf16_compute_path():
-  cfg = MICRO.replace(param_dtype="bfloat16", dtype="bfloat16")
+def test_bf16_compute_path(micro_cfg):
+  cfg = micro_cfg.replace(param_dtype="bfloat16", dtype="bfloat16")
   model = _make(cfg)
   logits_btv, hidden_btd, _ = jit_call(model, _random_tokens(1, 5), jnp.arange(5)[None])
   assert logits_btv.dtype == jnp.bfloat16 and hidden_btd.dtype == jnp.bfloat16
   assert all(p.dtype == jnp.bfloat16 for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
-def test_bad_inputs_raise_clear_errors(micro_model):
+def test_bad_inputs_raise_clear_errors(micro_model, micro_cfg):
   with pytest.raises(ValueError, match="positions_bt"):
     micro_model(jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 3), jnp.int32))
   with pytest.raises(ValueError, match="attn_mask_bt is not used with a KV cache"):
     micro_model(jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.int32),
-                cache=KVCache.init(MICRO, 1, 8), attn_mask_bt=jnp.ones((1, 4)))
+                cache=KVCache.init(micro_cfg, 1, 8), attn_mask_bt=jnp.ones((1, 4)))
   with pytest.raises(ValueError, match="multiple of num_kv_heads"):
-    MICRO.replace(num_kv_heads=3)
+    micro_cfg.replace(num_kv_heads=3)
   with pytest.raises(ValueError, match="Unknown Llama preset"):
     LlamaConfig.preset("llama9")
 

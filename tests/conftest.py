@@ -1,0 +1,34 @@
+"""Shared test fixtures."""
+
+import pytest
+
+from spa_jax.models import LlamaConfig, RopeScaling
+
+
+@pytest.fixture(scope="session")
+def micro_cfg() -> LlamaConfig:
+  """A Llama small enough for fast CPU compiles: GQA, untied, llama3 RoPE scaling (orig. 8 pos)."""
+  return LlamaConfig(
+      vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
+      num_kv_heads=2, head_dim=16, rope_theta=10_000.0, tie_embeddings=False,
+      rope_scaling=RopeScaling(8.0, 1.0, 4.0, 8),
+  )
+
+
+@pytest.fixture(scope="session")
+def micro_model_base(micro_cfg):
+  """One randomly initialised micro Llama per session; tests that mutate it take `micro_model`."""
+  from flax import nnx
+
+  from spa_jax.models import Llama
+  from spa_jax.sharding import create_sharded
+
+  return create_sharded(lambda: Llama(micro_cfg, rngs=nnx.Rngs(0)))
+
+
+@pytest.fixture
+def micro_model(micro_model_base):
+  """A fresh copy of the session's micro Llama (safe to mutate, e.g. with `apply_lora`)."""
+  from flax import nnx
+
+  return nnx.clone(micro_model_base)
