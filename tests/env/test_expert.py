@@ -1,0 +1,78 @@
+"""ScriptedExpert: reward on the embedded test goals, ReAct format, valid and instruction-grounded actions."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from webshop.catalogue import Catalogue
+from webshop.env import WebShopEnv
+from webshop.expert import ScriptedExpert, action_of, instruction_request, run_expert_episode
+
+REAL_DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "webshop-1k"
+WORD = re.compile(r"[\w'&-]+")
+TURN = re.compile(r"Thought: [^\n]+\nAction: (search|click)\[[^\n\]]+\]")
+
+
+@pytest.fixture(scope="module")
+def embedded_episodes():
+    catalogue = Catalogue.embedded_default()
+    env, expert = WebShopEnv(catalogue), ScriptedExpert(catalogue)
+    return catalogue, [run_expert_episode(env, g, expert) for g in catalogue.split("test")]
+
+
+def test_expert_reaches_high_reward_on_the_embedded_test_goals(embedded_episodes):
+    _, episodes = embedded_episodes
+    rewards = [steps[-1].reward for steps in episodes]
+    assert len(rewards) == 200
+    assert sum(rewards) / len(rewards) >= 0.95
+    assert all(steps[-1].info.get("reward_info") is not None for steps in episodes)   # every episode buys
+
+
+def test_turns_are_two_line_react_and_every_action_is_valid(embedded_episodes):
+    _, episodes = embedded_episodes
+    for steps in episodes:
+        for step in steps:
+            assert TURN.fullmatch(step.response), step.response
+            assert step.info["valid"], step.response
+
+
+def test_first_search_uses_the_instruction_words(embedded_episodes):
+    _, episodes = embedded_episodes
+    first_queries = []
+    for steps in episodes:
+        instruction = steps[0].observation.split(" [SEP] ")[2]
+        query = action_of(steps[0].response).removeprefix("search[").removesuffix("]")
+        first_queries.append((query, instruction_request(instruction), instruction))
+    verbatim = sum(query == request for query, request, _ in first_queries)
+    from_instruction = sum(set(WORD.findall(query)) <= set(WORD.findall(instruction.lower()))
+                           for query, _, instruction in first_queries)
+    assert verbatim / len(episodes) >= 0.8
+    assert from_instruction / len(episodes) >= 0.95
+
+
+def test_expert_selects_the_instruction_options_before_buying(embedded_episodes):
+    _, episodes = embedded_episodes
+    for steps in episodes:
+        goal_values = {v.lower() for v in steps[-1].info["goal"]["goal_options"].values()}
+        clicked = {action_of(s.response)[len("click["):-1] for s in steps[2:-1]}
+        assert goal_values <= clicked
+        assert action_of(steps[-1].response) == "click[buy now]"
+
+
+def test_expert_refuses_to_act_on_a_finished_episode():
+    catalogue = Catalogue.embedded_default()
+    env, expert = WebShopEnv(catalogue), ScriptedExpert(catalogue)
+    steps = run_expert_episode(env, catalogue.split("test")[0], expert)
+    with pytest.raises(ValueError, match="reset the env"):
+        expert.act(steps[-1].observation, steps[-1].info)
+
+
+@pytest.mark.real_data
+def test_expert_on_the_real_1k_catalogue(tmp_path):
+    if not (REAL_DATA / "items_shuffle_1000.json").exists():
+        pytest.skip(f"real WebShop 1k data not found at {REAL_DATA} (CI keeps it beside the checkout)")
+    catalogue = Catalogue.from_dir(REAL_DATA)
+    env, expert = WebShopEnv(catalogue), ScriptedExpert(catalogue)
+    rewards = [run_expert_episode(env, g, expert)[-1].reward for g in range(0, len(catalogue.goals), 140)]
+    assert sum(rewards) / len(rewards) >= 0.9
