@@ -1,0 +1,118 @@
+"""EnvPool: same results as in-process envs, deterministic, survives killed and hung workers."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from webshop.catalogue import Catalogue
+from webshop.env import WebShopEnv
+from webshop.expert import ScriptedExpert, action_of
+from webshop.pool import CatalogueSpec, EnvPool
+
+NUM_ENVS = 6
+
+
+@pytest.fixture(scope="module")
+def catalogue():
+    return Catalogue.embedded_default()
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with EnvPool("embedded", num_envs=NUM_ENVS, num_workers=2, step_timeout_s=60.0) as pool:
+        yield pool
+
+
+def _expert_rollout(reset, step, catalogue, goal_indices) -> list[list[tuple]]:
+    """Drive a batch with one expert per env; each env's list of (obs, reward, terminated, truncated, valid)."""
+    observations, infos = reset(goal_indices)
+    experts = [ScriptedExpert(catalogue) for _ in goal_indices]
+    traces = [[(obs, 0.0, False, False, True)] for obs in observations]
+    live = [True] * len(goal_indices)
+    while any(live):
+        actions = [action_of(x.act(o, i)) if alive else None
+                   for x, o, i, alive in zip(experts, observations, infos, live)]
+        for k, result in enumerate(step(actions)):
+            if result is None:
+                continue
+            obs, reward, terminated, truncated, info = result
+            traces[k].append((obs, reward, terminated, truncated, info["valid"]))
+            observations[k], infos[k] = obs, info
+            live[k] = not (terminated or truncated)
+    return traces
+
+
+def _in_process(catalogue, n):
+    envs = [WebShopEnv(catalogue) for _ in range(n)]
+
+    def reset(goal_indices):
+        pairs = [env.reset(g) for env, g in zip(envs, goal_indices)]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+    def step(actions):
+        return [env.step(a) if a is not None else None for env, a in zip(envs, actions)]
+    return reset, step
+
+
+def test_pool_matches_in_process_envs_and_is_deterministic(pool, catalogue):
+    goals = catalogue.split("test")[:NUM_ENVS]
+    pooled = _expert_rollout(pool.reset, pool.step, catalogue, goals)
+    again = _expert_rollout(pool.reset, pool.step, catalogue, goals)
+    local = _expert_rollout(*_in_process(catalogue, NUM_ENVS), catalogue, goals)
+    assert pooled == again == local
+    assert all(trace[-1][2] and trace[-1][1] > 0 for trace in pooled)
+
+
+def test_partial_reset_and_step_leave_other_envs_alone(pool, catalogue):
+    goals = catalogue.split("test")
+    observations, _ = pool.reset(goals[:NUM_ENVS])
+    obs, infos = pool.reset([goals[10]], env_ids=[3])
+    assert infos[0]["goal_index"] == goals[10]
+    results = pool.step([None, None, None, "search[red]", None, None])
+    assert [r is None for r in results] == [True, True, True, False, True, True]
+    assert "Page 1" in results[3][0]
+    with pytest.raises(ValueError, match="one action per env"):
+        pool.step(["search[red]"])
+
+
+def test_killed_worker_is_reported_and_replaced(pool, catalogue):
+    goals = catalogue.split("test")[:NUM_ENVS]
+    pool.reset(goals)
+    victim = pool.worker_pids[1]
+    os.kill(victim, signal.SIGKILL)
+    results = pool.step(["search[shoes]"] * NUM_ENVS)
+    failed = [r[4].get("failed", False) for r in results]
+    assert failed == [False] * 3 + [True] * 3
+    assert all(r[3] and "died" in r[4]["error"] for r in results[3:])
+    assert pool.worker_pids[1] != victim
+    observations, infos = pool.reset(goals)
+    assert all(info["valid"] and info["goal_index"] == g for info, g in zip(infos, goals))
+
+
+def test_hung_worker_times_out_and_is_replaced(pool, catalogue):
+    goals = catalogue.split("test")[:NUM_ENVS]
+    pool.reset(goals)
+    victim = pool.worker_pids[0]
+    os.kill(victim, signal.SIGSTOP)
+    pool.step_timeout_s = 2.0
+    try:
+        started = time.monotonic()
+        results = pool.step(["search[shoes]"] * NUM_ENVS)
+        assert time.monotonic() - started < 60
+    finally:
+        pool.step_timeout_s = 60.0
+    assert [r[4].get("failed", False) for r in results] == [True] * 3 + [False] * 3
+    assert "did not answer" in results[0][4]["error"]
+    assert pool.worker_pids[0] != victim
+    assert pool.step(["search[shoes]"] * NUM_ENVS)[0][4]["failed"]      # no episode until the next reset
+    pool.reset(goals)
+    assert not any(r[4].get("failed") for r in pool.step(["search[shoes]"] * NUM_ENVS))
+
+
+def test_bad_arguments_are_rejected_clearly(catalogue):
+    with pytest.raises(TypeError, match="CatalogueSpec"):
+        CatalogueSpec.parse(catalogue)
+    with pytest.raises(ValueError, match="num_workers"):
+        EnvPool("embedded", num_envs=2, num_workers=3)
