@@ -1,0 +1,66 @@
+"""Shared fixtures for the WebShop environment tests."""
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+from webshop.catalogue import Catalogue
+
+REAL_DATA_DIR = Path(__file__).resolve().parents[2] / '..' / 'shared' / 'webshop-1k'
+
+
+def raw_item(asin: str, name: str, *, pricing='$19.99', options=None, description='A description.',
+             bullets=('Bullet one', 'Bullet two'), query='test items', category='fashion',
+             product_category='A › B › C') -> dict:
+    """One product in WebShop's raw items_shuffle schema."""
+    return {
+        'asin': asin, 'name': name, 'full_description': description, 'small_description': list(bullets),
+        'pricing': pricing, 'images': [f'https://img/{asin}.jpg'], 'category': category, 'query': query,
+        'product_category': product_category,
+        'customization_options': {k: [{'value': v, 'image': None} for v in vs] for k, vs in (options or {}).items()},
+    }
+
+
+def tiny_raw() -> dict:
+    """25 products B0TEST0000..B0TEST0024; the first two carry options and a price range; two instructions."""
+    items = [raw_item(f'B0TEST{i:04d}', f'Test Product {i} Shoes') for i in range(25)]
+    items[0] = raw_item('B0TEST0000', 'Canvas Running Shoes', pricing='$19.99',
+                        options={'Color': ['Black/White', 'Navy Blue'], 'Size': ['8', '9.5 Wide']},
+                        description='Comfortable canvas shoes.', bullets=('Rubber sole', 'Lace up', 'Machine wash'))
+    items[1] = raw_item('B0TEST0001', 'Leather Walking Shoes', pricing='$25.99$39.99')
+    attributes = {
+        'B0TEST0000': {'attributes': ['rubber sole', 'lace up'], 'instruction': 'Find me canvas running shoes',
+                       'instruction_attributes': ['rubber sole']},
+        'B0TEST0001': {'attributes': ['leather'], 'instruction': 'Find me leather walking shoes',
+                       'instruction_attributes': ['leather']},
+    }
+    return {'items': items, 'attributes': attributes, 'human': {}}
+
+
+@pytest.fixture(scope='session')
+def tiny_catalogue(tmp_path_factory) -> Catalogue:
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        return Catalogue.from_raw(tiny_raw(), cache_dir=tmp_path_factory.mktemp('cache'))
+
+
+@pytest.fixture(scope='session')
+def embedded() -> Catalogue:
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        return Catalogue.embedded_default()
+
+
+@pytest.fixture(scope='session')
+def real_dir() -> Path:
+    if not REAL_DATA_DIR.is_dir():
+        pytest.skip(f'real WebShop 1k data not found at {REAL_DATA_DIR} (academic licence: it is not in the repo)')
+    return REAL_DATA_DIR
+
+
+@pytest.fixture(scope='session')
+def real_catalogue(real_dir) -> Catalogue:
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        return Catalogue.from_dir(real_dir)
