@@ -21,6 +21,8 @@ REQUIRED_SECTIONS = {
     "export": ("export",),
 }
 REAL_MODEL_PRESETS = ("llama3.2-1b", "llama3.2-3b", "llama3.1-8b")
+# Goal splits of webshop.Catalogue.split per catalogue kind; "file:/path.json" works for both.
+SPLITS = {"embedded": ("train", "test", "all"), "dir": ("paper_train", "paper_dev", "paper_test", "all")}
 
 
 def load_sibling(config_file: str, name: str) -> ModuleType:
@@ -85,6 +87,16 @@ def _existing_path(errors, cfg, path, why: str) -> None:
     errors.append(f"config.{path}={value!r} does not exist")
 
 
+def _split(errors, cfg, path) -> None:
+  name = _get(cfg, path)
+  if name.startswith("file:"):
+    if not pathlib.Path(name.removeprefix("file:")).expanduser().exists():
+      errors.append(f"config.{path}={name!r}: the indices file does not exist")
+  elif name not in SPLITS.get(cfg.env.catalogue, ()):
+    errors.append(f"config.{path}={name!r}: must be one of {SPLITS.get(cfg.env.catalogue)} for "
+                  f"env.catalogue={cfg.env.catalogue!r}, or 'file:/path/to/indices.json'")
+
+
 def _section_errors(cfg) -> list[str]:
   errors = []
   _stage_names(errors, cfg, "run.targets", STAGES)
@@ -116,6 +128,8 @@ def _value_errors(cfg) -> list[str]:
   _at_least(errors, cfg, "env.pool_workers", 0)
   if cfg.env.catalogue == "dir":
     _existing_path(errors, cfg, "env.data_dir", "when env.catalogue='dir'")
+  for path in ("env.train_split", "env.eval_split"):
+    _split(errors, cfg, path)
   _choice(errors, cfg, "model.dtype", ("float32", "bfloat16", "float16"))
   _choice(errors, cfg, "model.param_dtype", ("float32", "bfloat16"))
   _at_least(errors, cfg, "model.lora.rank", 1)

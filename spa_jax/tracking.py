@@ -24,12 +24,15 @@ def _scalar(value) -> float:
 
 
 class MetricsWriter:
-  """Appends `{"step", "time", **scalars}` lines to metrics/<stage>.jsonl and TensorBoard tb/<stage>/."""
+  """Writes `{"step", "time", **scalars}` lines to metrics/<stage>.jsonl and TensorBoard tb/<stage>/.
 
-  def __init__(self, ws: Workspace, stage: str, tensorboard: bool = True):
+  A fresh writer starts the JSONL file over (a redone stage); `append=True` continues it (a resumed one).
+  """
+
+  def __init__(self, ws: Workspace, stage: str, tensorboard: bool = True, append: bool = False):
     self.enabled = distributed.is_main_process()
     self.path = ws.metrics_path(stage)
-    self._jsonl = open(self.path, "a") if self.enabled else None
+    self._jsonl = open(self.path, "a" if append else "w") if self.enabled else None
     self._tb = None
     if self.enabled and tensorboard:
       from tensorboardX import SummaryWriter

@@ -50,6 +50,8 @@ def test_unknown_preset_is_rejected():
     ("eval.policies", "sft,dpo", "unknown stage name(s) ['dpo']"),
     ("sft.batch_size", 12, "positive multiple of sft.micro_batch_size"),
     ("sft.data", "/no/such/webshop_sft.json", "does not exist"),
+    ("env.eval_split", "paper_test", "must be one of ('train', 'test', 'all') for env.catalogue='embedded'"),
+    ("env.train_split", "file:/no/such/indices.json", "the indices file does not exist"),
 ])
 def test_bad_values_are_named(path, value, message):
   cfg = configuration.load_config("eval")

@@ -19,6 +19,12 @@ def test_metrics_writer_writes_jsonl_and_tensorboard(tmp_path):
   rows = [json.loads(line) for line in ws.metrics_path("sft").read_text().splitlines()]
   assert [r["step"] for r in rows] == [0, 1, 2]
   assert rows[2]["loss"] == pytest.approx(1 / 3) and rows[0]["lr"] == 0.1 and "time" in rows[0]
+  with tracking.MetricsWriter(ws, "sft", tensorboard=False, append=True) as writer:
+    writer.write(3, {"loss": 0.2})
+  assert len(ws.metrics_path("sft").read_text().splitlines()) == 4
+  with tracking.MetricsWriter(ws, "sft", tensorboard=False) as writer:
+    writer.write(0, {"loss": 0.9})
+  assert len(ws.metrics_path("sft").read_text().splitlines()) == 1
   assert tensorboard_scalars(ws.tb_dir("sft"), "loss") == pytest.approx([1.0, 0.5, 1 / 3])
 
 
