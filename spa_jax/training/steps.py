@@ -130,7 +130,7 @@ def make_sft_step(state_template: TrainState, *, num_micro_batches: int = 1):
     loss_fn = functools.partial(_sft_loss_fn, state=state, num_tokens=num_tokens)
     grads, metrics = accumulate_gradients(loss_fn, state.params, batch, num_micro_batches)
     return state.apply_gradients(grads), summarize(metrics) | {
-        "num_tokens": jnp.sum(batch["loss_mask_bt"]), "grad_norm": optax.global_norm(grads)}
+        "num_tokens": jnp.sum(batch["loss_mask_bt"]), "grad_norm": optax.tree.norm(grads)}
   return _jit_update(step, state_template)
 
 
@@ -157,7 +157,7 @@ def make_progress_step(state_template: TrainState, *, num_micro_batches: int = 1
                                 num_trajectories=num_trajectories.astype(jnp.float32))
     grads, metrics = accumulate_gradients(loss_fn, state.params, batch, num_micro_batches)
     return state.apply_gradients(grads), summarize(metrics) | {
-        "grad_norm": optax.global_norm(grads)}
+        "grad_norm": optax.tree.norm(grads)}
   return _jit_update(step, state_template)
 
 
@@ -225,25 +225,41 @@ def make_ppo_step(state_template: PPOState, cfg: PPOConfig):
     new_state = jax.tree.map(lambda old, new: jnp.where(skipped, old, new), state, updated)
     return new_state, means | {
         "skipped": skipped.astype(jnp.float32),
-        "policy_grad_norm": optax.global_norm(policy_grads),
-        "critic_grad_norm": optax.global_norm(critic_grads)}
+        "policy_grad_norm": optax.tree.norm(policy_grads),
+        "critic_grad_norm": optax.tree.norm(critic_grads)}
   return _jit_update(step, state_template)
 
 
 # ----------------------------------------------------------------------------- forward passes
 
 
-@functools.partial(jax.jit, static_argnames="num_micro_batches")
-def forward_logprobs(state: TrainState, batch: Batch, *, num_micro_batches: int = 1) -> jax.Array:
-  """Token-aligned log pi(token t | tokens < t) [B, T] of the state's model (old / reference)."""
+def _merged(graphdef, params, frozen) -> nnx.Module:
+  return nnx.merge(graphdef, params, frozen)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "num_micro_batches"))
+def _forward_logprobs(graphdef, params, frozen, inputs, *, num_micro_batches):
   def logprobs(micro):
-    logits_btv, _, _ = state.model()(micro["tokens_bt"], micro["positions_bt"])
+    logits_btv, _, _ = _merged(graphdef, params, frozen)(micro["tokens_bt"], micro["positions_bt"])
     return token_logprobs(logits_btv, micro["tokens_bt"])
-  inputs = {key: batch[key] for key in ("tokens_bt", "positions_bt")}
   return map_micro_batches(logprobs, inputs, num_micro_batches)
 
 
-@functools.partial(jax.jit, static_argnames=("at", "num_micro_batches"))
+def forward_logprobs(state: TrainState, batch: Batch, *, num_micro_batches: int = 1) -> jax.Array:
+  """Token-aligned log pi(token t | tokens < t) [B, T] of the state's model (old / reference)."""
+  inputs = {key: batch[key] for key in ("tokens_bt", "positions_bt")}
+  return _forward_logprobs(state.graphdef, state.params, state.frozen, inputs,
+                           num_micro_batches=num_micro_batches)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "idx_key", "num_micro_batches"))
+def _forward_step_values(graphdef, params, frozen, inputs, *, idx_key, num_micro_batches):
+  def values(micro):
+    model = _merged(graphdef, params, frozen)
+    return model.step_values(micro["tokens_bt"], micro["positions_bt"], micro[idx_key])
+  return map_micro_batches(values, inputs, num_micro_batches)
+
+
 def forward_step_values(state: TrainState, batch: Batch, *, at: str,
                         num_micro_batches: int = 1) -> jax.Array:
   """A `ValueModel`'s head outputs per step [B, S] (0 on padding steps).
@@ -254,11 +270,10 @@ def forward_step_values(state: TrainState, batch: Batch, *, at: str,
   if at not in ("start", "end"):
     raise ValueError(f"at={at!r}; use 'end' (progress estimator) or 'start' (critic)")
   idx_key = f"step_{at}_idx_bs"
-
-  def values(micro):
-    return state.model().step_values(micro["tokens_bt"], micro["positions_bt"], micro[idx_key])
   inputs = {key: batch[key] for key in ("tokens_bt", "positions_bt", idx_key)}
-  return map_micro_batches(values, inputs, num_micro_batches) * batch["step_mask_bs"]
+  values_bs = _forward_step_values(state.graphdef, state.params, state.frozen, inputs,
+                                   idx_key=idx_key, num_micro_batches=num_micro_batches)
+  return values_bs * batch["step_mask_bs"]
 
 
 def lora_reference(state: TrainState) -> TrainState:
