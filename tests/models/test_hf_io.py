@@ -1,0 +1,128 @@
+"""HF safetensors I/O against PyTorch `transformers.LlamaForCausalLM` on tiny random models."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from safetensors.numpy import load_file, save_file
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from spa_jax.models import apply_lora  # noqa: E402
+from spa_jax.models.hf_io import INDEX_FILE, load_hf, save_hf  # noqa: E402
+
+SEQ_LEN = 20  # > original_max_position_embeddings (8) of micro_cfg: exercises llama3 scaling
+
+
+def _torch_model(cfg, dtype=torch.float32, seed=0):
+  torch.manual_seed(seed)
+  model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg.to_hf_dict()))
+  return model.to(dtype).eval()
+
+
+def _torch_logits(model, tokens_bt):
+  with torch.no_grad():
+    return model(torch.tensor(tokens_bt)).logits.float().numpy()
+
+
+def _jax_logits(model, tokens_bt):
+  graphdef, state = nnx.split(model)
+  positions_bt = np.broadcast_to(np.arange(tokens_bt.shape[1]), tokens_bt.shape)
+  forward = jax.jit(lambda s, t, p: nnx.merge(graphdef, s)(t, p)[0])
+  return np.asarray(forward(state, jnp.asarray(tokens_bt), jnp.asarray(positions_bt)), np.float32)
+
+
+def _tokens(cfg, batch=2, seed=0):
+  return np.random.default_rng(seed).integers(0, cfg.vocab_size, (batch, SEQ_LEN))
+
+
+def _safetensors(directory):
+  index = directory / INDEX_FILE
+  files = (
+      sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists()
+      else ["model.safetensors"]
+  )
+  tensors = {}
+  for name in files:
+    tensors.update(load_file(directory / name))
+  return tensors
+
+
+@pytest.fixture(params=[False, True], ids=["untied", "tied"])
+def hf_dir(request, micro_cfg, tmp_path):
+  cfg = micro_cfg.replace(tie_embeddings=request.param)
+  torch_model = _torch_model(cfg)
+  torch_model.save_pretrained(tmp_path / "hf")
+  return cfg, torch_model, tmp_path / "hf"
+
+
+def test_logits_match_pytorch(hf_dir):
+  cfg, torch_model, directory = hf_dir
+  loaded_cfg, model = load_hf(directory)
+  assert loaded_cfg == cfg
+  tokens_bt = _tokens(cfg)
+  np.testing.assert_allclose(_jax_logits(model, tokens_bt), _torch_logits(torch_model, tokens_bt), atol=1e-4, rtol=1e-4)
+
+
+def test_export_is_bit_exact_and_loads_in_transformers(hf_dir, tmp_path):
+  cfg, torch_model, directory = hf_dir
+  _, model = load_hf(directory)
+  out = save_hf(model, cfg, tmp_path / "export")
+  original, exported = _safetensors(directory), _safetensors(out)
+  assert sorted(exported) == sorted(k for k in original if not (cfg.tie_embeddings and k == "lm_head.weight"))
+  for key, value in exported.items():
+    assert value.dtype == original[key].dtype and np.array_equal(value, original[key]), key
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+  tokens_bt = _tokens(cfg, seed=1)
+  np.testing.assert_allclose(_torch_logits(reloaded, tokens_bt), _jax_logits(model, tokens_bt), atol=1e-4, rtol=1e-4)
+
+
+def test_bf16_round_trip_and_sharded_files(micro_cfg, tmp_path):
+  cfg = micro_cfg.replace(param_dtype="bfloat16", dtype="bfloat16")
+  _torch_model(cfg, dtype=torch.bfloat16).save_pretrained(tmp_path / "hf")
+  loaded_cfg, model = load_hf(tmp_path / "hf")
+  assert loaded_cfg.param_dtype == "bfloat16"
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(nnx.state(model)))
+  out = save_hf(model, loaded_cfg, tmp_path / "sharded", max_shard_bytes=20_000)
+  index = json.loads((out / INDEX_FILE).read_text())
+  assert len(set(index["weight_map"].values())) > 2
+  original, exported = _safetensors(tmp_path / "hf"), _safetensors(out)
+  assert sorted(original) == sorted(exported)
+  for key, value in exported.items():
+    assert value.dtype == original[key].dtype and value.tobytes() == original[key].tobytes(), key
+  _, reloaded = load_hf(out)
+  for a, b in zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(reloaded))):
+    assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_save_merges_lora(micro_cfg, micro_model, tmp_path):
+  apply_lora(micro_model, rank=2, alpha=4, targets=("q_proj", "v_proj", "up_proj"), rngs=nnx.Rngs(1))
+  lora = nnx.state(micro_model, nnx.LoRAParam)
+  nnx.update(micro_model, jax.tree.map(lambda x: x + 0.1, lora))
+  tokens_bt = _tokens(micro_cfg)
+  with_adapters = _jax_logits(micro_model, tokens_bt)
+  save_hf(micro_model, micro_cfg, tmp_path / "merged")
+  assert len(jax.tree.leaves(nnx.state(micro_model, nnx.LoRAParam))) > 0  # caller's model untouched
+  _, merged = load_hf(tmp_path / "merged")
+  np.testing.assert_allclose(_jax_logits(merged, tokens_bt), with_adapters, atol=1e-5)
+
+
+def test_missing_and_misshaped_tensors_are_named(micro_cfg, micro_model, tmp_path):
+  out = save_hf(micro_model, micro_cfg, tmp_path / "ok")
+  tensors = load_file(out / "model.safetensors")
+  missing = dict(tensors)
+  del missing["model.layers.1.mlp.up_proj.weight"]
+  save_file(missing, out / "model.safetensors")
+  with pytest.raises(KeyError, match=r"model\.layers\.1\.mlp\.up_proj\.weight.*\(96, 64\)"):
+    load_hf(out)
+  bad = dict(tensors, **{"model.norm.weight": np.ones((63,), np.float32)})
+  save_file(bad, out / "model.safetensors")
+  with pytest.raises(ValueError, match=r"model\.norm\.weight.*\(63,\), expected \(64,\)"):
+    load_hf(out)
+  save_file(tensors, out / "model.safetensors")
+  with pytest.raises(ValueError, match="does not use"):
+    load_hf(out, micro_cfg.replace(num_layers=1))
