@@ -8,8 +8,9 @@
     token, as the PyTorch peer's `labels=input_ids`), batch 8 and 16 x 1024: tokens/s and MFU
     (6 * params * tokens/s against 790 TFLOP/s, the peer's definition).
 (b) Decode: the project's `Sampler`, batch 64 and 256, prompt 512, 128 new tokens, greedy:
-    new tokens/s, against the memory-bandwidth roofline = (bytes read per decode step: weights +
-    the KV cache of the average context) / copy bandwidth measured in the same process.
+    new tokens/s, against the memory-bandwidth roofline: batch / (bytes read per decode step,
+    weights + the KV cache of the average context, at the device copy bandwidth (read + write
+    traffic) measured in the same process; the figure at 4.16 TB/s is reported beside it).
 
 Ends with one JSON line on stdout; with $OUT set, also writes $OUT/model_bench.json. Run
 `../shared/bench/torch_baseline.py` in the same call for ratios.
