@@ -125,10 +125,30 @@ def _general_token_pattern() -> re.Pattern:
     return re.compile(f'{emoji}|{word}|{single}')
 
 
-# The same rules for class strings without X, Z and V (almost all text), written to backtrack little.
-_PLAIN_TOKEN = re.compile(
-    r'(?=[ADKUEFRCIS])(?:U*+(?:[AD]++|K++)(?:(?:(?<=A)[MB](?=A)|(?<=D)[NB](?=D))[AD]++|U++(?:[AD]++|K++))*+U*+'
-    r'|E?F|E|RR|[CI]|S++)')
+def _plain_token_pattern(char_class: dict[str, str], with_other_scripts: bool) -> re.Pattern:
+    """The same rules for text without combining, format or joiner characters, written to backtrack little.
+
+    `char_class` maps each class letter to a regular-expression character set; `with_other_scripts`
+    adds the rules for Katakana, emoji, Han, Hiragana and South-East Asian scripts.
+    """
+    a, d, u, k = char_class['A'], char_class['D'], char_class['U'], char_class['K']
+    letter_or_digit = f'[{a}{d}]'
+    after_letter = f'(?<=[{a}])[{char_class["M"]}{char_class["B"]}](?=[{a}])'
+    after_digit = f'(?<=[{d}])[{char_class["N"]}{char_class["B"]}](?=[{d}])'
+    run = f'(?:{letter_or_digit}++|[{k}]++)' if with_other_scripts else f'{letter_or_digit}++'
+    word = (f'[{u}]*+{run}(?:(?:{after_letter}|{after_digit}){letter_or_digit}++|[{u}]++{run})*+[{u}]*+')
+    if not with_other_scripts:
+        return re.compile(word)
+    e, f, r = char_class['E'], char_class['F'], char_class['R']
+    others = f'[{e}]?[{f}]|[{e}]|[{r}][{r}]|[{char_class["C"]}{char_class["I"]}]|[{char_class["S"]}]++'
+    return re.compile(f'(?=[{a}{d}{k}{u}{e}{f}{r}{char_class["C"]}{char_class["I"]}{char_class["S"]}])'
+                      f'(?:{word}|{others})')
+
+
+_CLASS_LETTERS = {letter: letter for letter in 'ADKMNBUEFRCIS'}
+_PLAIN_TOKEN = _plain_token_pattern(_CLASS_LETTERS, with_other_scripts=True)
+_ASCII_TOKEN = _plain_token_pattern(
+    {**_CLASS_LETTERS, 'A': 'A-Za-z', 'D': '0-9', 'M': ':', 'N': ',;', 'B': ".'", 'U': '_'}, with_other_scripts=False)
 _GENERAL_TOKEN = _general_token_pattern()
 _EXTEND_CLASSES = re.compile('[XZV]')
 
@@ -146,6 +166,10 @@ _CLASS_TABLE = _ClassTable()
 
 def tokenize(text: str) -> list[str]:
     """Lucene StandardTokenizer: the UAX#29 words, numbers, ideographs and emoji of `text`, case kept."""
+    if text.isascii():   # the common case: match the text itself
+        tokens = _ASCII_TOKEN.findall(text)
+        if max(map(len, tokens), default=0) <= MAX_TOKEN_LENGTH:
+            return tokens
     classes = text.translate(_CLASS_TABLE)
     pattern = _GENERAL_TOKEN if _EXTEND_CLASSES.search(classes) else _PLAIN_TOKEN
     tokens = []

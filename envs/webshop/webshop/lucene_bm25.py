@@ -87,13 +87,12 @@ class LuceneBM25Index:
             raise ValueError('cannot index an empty document list; pass at least one document')
         self.doc_ids = list(doc_ids)
         self.k1, self.b = k1, b
-        term_counts_per_doc = [Counter(analyze(text)) for text in contents]
-        lengths = np.array([sum(counts.values()) for counts in term_counts_per_doc], dtype=np.int64)
-        self._norm_bytes = np.array([int_to_byte4(int(n)) for n in lengths], dtype=np.uint8)
+        terms_per_doc = [analyze(text) for text in contents]
+        lengths = np.array([len(terms) for terms in terms_per_doc], dtype=np.int64)
         self.doc_count = max(int(np.count_nonzero(lengths)), 1)   # Lucene counts documents with >= 1 term
         self.avgdl = np.float32(lengths.sum() / self.doc_count)
-        self._norm_inverse = norm_inverse_table(k1, b, self.avgdl)
-        self._build_postings(term_counts_per_doc)
+        norm_bytes = np.array([int_to_byte4(int(n)) for n in lengths], dtype=np.uint8)
+        self._build_postings(terms_per_doc, norm_inverse_table(k1, b, self.avgdl)[norm_bytes])
         id_order = sorted(range(len(doc_ids)), key=lambda i: doc_ids[i].encode('utf-8'))
         self._id_rank = np.empty(len(doc_ids), dtype=np.int64)
         self._id_rank[id_order] = np.arange(len(doc_ids))
@@ -104,52 +103,64 @@ class LuceneBM25Index:
         products = list(products)
         return cls([p.asin for p in products], [document_contents(p) for p in products], **bm25_params)
 
-    def _build_postings(self, term_counts_per_doc: list[Counter]) -> None:
-        """CSR postings: for term t, docs `_doc[_start[t]:_start[t+1]]` (ascending) with frequencies `_tf`."""
-        self._term_id: dict[str, int] = {}
-        term_ids, doc_numbers, freqs = [], [], []
-        for doc, counts in enumerate(term_counts_per_doc):
-            for term, count in counts.items():
-                term_ids.append(self._term_id.setdefault(term, len(self._term_id)))
-                doc_numbers.append(doc)
-                freqs.append(count)
-        term_ids = np.array(term_ids, dtype=np.int64)
-        order = np.argsort(term_ids, kind='stable')   # stable: documents stay ascending within a term
-        self._doc = np.array(doc_numbers, dtype=np.int64)[order]
-        self._tf = np.array(freqs, dtype=np.float32)[order]
-        doc_freq = np.bincount(term_ids, minlength=len(self._term_id))
-        self._start = np.concatenate([[0], np.cumsum(doc_freq)])
-        self._idf = np.array([lucene_idf(int(n), self.doc_count) for n in doc_freq], dtype=np.float32)
+    def _build_postings(self, terms_per_doc: list[list[str]], norm_inverse_d: np.ndarray) -> None:
+        """CSR postings: term t owns entries `_start[t]:_start[t + 1]`, documents ascending, with
+        `_tf_norm = tf * normInverse(doc)` and `_unit_scores`, the float32 score of a clause of boost 1."""
+        num_docs = len(terms_per_doc)
+        all_terms = [term for terms in terms_per_doc for term in terms]
+        self._term_id = {term: i for i, term in enumerate(dict.fromkeys(all_terms))}
+        term_of_token = np.fromiter(map(self._term_id.__getitem__, all_terms), dtype=np.int64, count=len(all_terms))
+        doc_of_token = np.repeat(np.arange(num_docs), [len(terms) for terms in terms_per_doc])
+        pairs, tf = np.unique(term_of_token * num_docs + doc_of_token, return_counts=True)  # term-major, docs ascending
+        term_of_posting, self._doc = np.divmod(pairs, num_docs)
+        doc_freq = np.bincount(term_of_posting, minlength=len(self._term_id))
+        self._start = [0, *np.cumsum(doc_freq).tolist()]
+        self._idf = np.array([lucene_idf(n, self.doc_count) for n in doc_freq.tolist()], dtype=np.float32)
+        self._tf_norm = tf.astype(np.float32) * norm_inverse_d[self._doc]
+        idf_per_posting = self._idf[term_of_posting]
+        self._unit_scores = idf_per_posting - idf_per_posting / (np.float32(1) + self._tf_norm)
 
     @property
     def num_terms(self) -> int:
         return len(self._term_id)
 
+    def _clause(self, term_id: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """(documents, float32 scores) of one term's clause, boosted by `count` (its repeats in the query)."""
+        postings = slice(self._start[term_id], self._start[term_id + 1])
+        if count == 1:
+            return self._doc[postings], self._unit_scores[postings]
+        weight = np.float32(count) * self._idf[term_id]
+        return self._doc[postings], weight - weight / (np.float32(1) + self._tf_norm[postings])
+
+    def _matched_scores(self, query: str) -> tuple[np.ndarray, np.ndarray]:
+        """(numbers of the documents holding any query term, ascending; their float32 scores)."""
+        clauses = [self._clause(self._term_id[term], count) for term, count in Counter(analyze(query)).items()
+                   if term in self._term_id]
+        if not clauses:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        docs = np.concatenate([docs for docs, _ in clauses])
+        scores = np.concatenate([scores for _, scores in clauses])
+        total = np.bincount(docs, weights=scores, minlength=len(self.doc_ids))   # summed in double, as Lucene
+        matched = np.flatnonzero(np.bincount(docs, minlength=len(self.doc_ids)))
+        return matched, total[matched].astype(np.float32)
+
     def scores(self, query: str) -> np.ndarray:
         """float32 BM25 score of every document for `query` (pyserini's `hit.score`), NaN where nothing matched."""
-        total_d = np.zeros(len(self.doc_ids), dtype=np.float64)
-        matched_d = np.zeros(len(self.doc_ids), dtype=bool)
-        one = np.float32(1)
-        for term, count in Counter(analyze(query)).items():
-            term_id = self._term_id.get(term)
-            if term_id is None:
-                continue
-            docs = self._doc[self._start[term_id]:self._start[term_id + 1]]
-            tfs = self._tf[self._start[term_id]:self._start[term_id + 1]]
-            weight = np.float32(count) * self._idf[term_id]
-            clause_scores = weight - weight / (one + tfs * self._norm_inverse[self._norm_bytes[docs]])
-            total_d[docs] += clause_scores
-            matched_d[docs] = True
-        return np.where(matched_d, total_d.astype(np.float32), np.float32(np.nan))
+        matched, matched_scores = self._matched_scores(query)
+        scores = np.full(len(self.doc_ids), np.nan, dtype=np.float32)
+        scores[matched] = matched_scores
+        return scores
 
     def top_k(self, query: str, k: int) -> list[str]:
         """Ids of the k best documents, best first: score descending, then id ascending."""
         if k < 0:
             raise ValueError(f'k must be >= 0, got {k}')
-        scores = self.scores(query)
-        matched = np.flatnonzero(~np.isnan(scores))
-        ranked = matched[np.lexsort((self._id_rank[matched], -scores[matched]))][:k]
-        return [self.doc_ids[i] for i in ranked]
+        candidates, scores = self._matched_scores(query)
+        if len(candidates) > k > 0:   # keep every document tied with the k-th best score
+            keep = scores >= -np.partition(-scores, k - 1)[k - 1]
+            candidates, scores = candidates[keep], scores[keep]
+        ranked = candidates[np.lexsort((self._id_rank[candidates], -scores))][:k]
+        return [self.doc_ids[i] for i in ranked.tolist()]
 
     def search(self, query: str) -> list[str]:
         """The best `SEARCH_RETURN_N` (50) document ids for `query`, as WebShop's search returns them."""

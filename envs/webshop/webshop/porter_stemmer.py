@@ -31,34 +31,45 @@ _STEP4_SUFFIXES = {
 }
 
 
-def _is_consonant(word: str, i: int) -> bool:
-    char = word[i]
-    if char in 'aeiou':
-        return False
-    if char == 'y':
-        return i == 0 or not _is_consonant(word, i - 1)
-    return True
+class _VowelTable(dict):
+    """`str.translate` table: a, e, i, o, u -> 'v', y -> 'y' (decided by context), anything else -> 'c'."""
+
+    def __missing__(self, code: int) -> str:
+        return 'v' if chr(code) in 'aeiou' else 'y' if chr(code) == 'y' else 'c'
+
+
+_VOWEL_TABLE = _VowelTable()
+
+
+def _consonant_pattern(word: str) -> str:
+    """One 'c' or 'v' per character: y is a vowel after a consonant, a consonant first or after a vowel."""
+    pattern = word.translate(_VOWEL_TABLE)
+    if 'y' not in pattern:
+        return pattern
+    resolved = []
+    for kind in pattern:
+        if kind == 'y':
+            kind = 'v' if resolved and resolved[-1] == 'c' else 'c'
+        resolved.append(kind)
+    return ''.join(resolved)
 
 
 def _measure(stem: str) -> int:
     """Porter's m: the number of vowel-consonant sequences in `stem`."""
-    pattern = ''.join('c' if _is_consonant(stem, i) else 'v' for i in range(len(stem)))
-    return pattern.lstrip('c').replace('vc', '|').count('|') if pattern else 0
+    return _consonant_pattern(stem).count('vc')
 
 
 def _has_vowel(stem: str) -> bool:
-    return any(not _is_consonant(stem, i) for i in range(len(stem)))
+    return 'v' in _consonant_pattern(stem)
 
 
 def _ends_double_consonant(word: str) -> bool:
-    return len(word) >= 2 and word[-1] == word[-2] and _is_consonant(word, len(word) - 1)
+    return len(word) >= 2 and word[-1] == word[-2] and _consonant_pattern(word)[-1] == 'c'
 
 
 def _ends_cvc(word: str) -> bool:
     """Consonant-vowel-consonant ending whose last consonant is not w, x or y."""
-    i = len(word) - 1
-    return (i >= 2 and _is_consonant(word, i) and not _is_consonant(word, i - 1) and _is_consonant(word, i - 2)
-            and word[i] not in 'wxy')
+    return len(word) >= 3 and _consonant_pattern(word).endswith('cvc') and word[-1] not in 'wxy'
 
 
 def _step1ab(word: str) -> str:
