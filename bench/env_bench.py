@@ -25,6 +25,7 @@ from webshop.catalogue import Catalogue
 from webshop.env import WebShopEnv
 from webshop.expert import ScriptedExpert, action_of, run_expert_episode
 from webshop.pool import EnvPool
+from webshop.synthetic import generate_raw
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_DATA = REPO / ".." / "shared" / "webshop-1k"
@@ -137,6 +138,7 @@ def append_results(report: dict, command: str) -> None:
         rows.append(f"| {name} | RSS main process (MiB); pool start-up (s) | {r['rss_mib']}; "
                     f"{' / '.join(str(p['start_s']) for p in pools) or '-'} |")
     section = [f"\n## env_bench ({report['date']})\n", f"- machine: {report['machine']}",
+               f"- synthetic catalogue generation (1,200 products): {report['synthetic_generate_s']} s",
                f"- command: `{command}`", f"- commit: {report['commit']}\n",
                "| catalogue | measure | value (steps/s unless stated) |", "|---|---|---|", *rows, ""]
     with RESULTS.open("a") as f:
@@ -155,6 +157,7 @@ def main() -> None:
                    f"Python {platform.python_version()}",
         "commit": commit, "catalogues": {},
     }
+    report["synthetic_generate_s"] = round(timed(generate_raw)[1], 3)
     report["catalogues"]["embedded"] = bench_catalogue("embedded", Catalogue.embedded_default, "embedded", "test", args.quick)
     if (REAL_DATA / "items_shuffle_1000.json").exists():
         report["catalogues"]["real_1k_synthetic_goals"] = bench_catalogue(

@@ -21,6 +21,7 @@ _OPTIONS_TEXT = re.compile(r" with [a-z ]+: .*?(?=, and price lower than|$)")
 _PRICE_TEXT = re.compile(r",? and price lower than ([\d.]+) dollars")
 _NAVIGATION = {"back to search", "next >", "< prev", "description", "features", "reviews", "buy now", "attributes"}
 _WORD = re.compile(r"[a-z0-9]+")
+_BRACKETS = re.compile(r"[\[\]]")  # would break the action's name[arg] syntax
 
 
 class ExpertStep(NamedTuple):
@@ -66,7 +67,7 @@ class ScriptedExpert:
         self._searches += 1
         queries = self._ranked_queries(goal)
         query, reason = queries[min(self._searches, len(queries)) - 1]
-        return _turn(f"I {reason}; I'll search for it.", f"search[{query}]")
+        return _turn(f"I {reason}; I'll search for it.", f"search[{_BRACKETS.sub(' ', query).strip()}]")
 
     def _ranked_queries(self, goal: dict) -> list[tuple[str, str]]:
         """Instruction-derived queries, then the target's title; the first whose first page shows the target moved to the front."""

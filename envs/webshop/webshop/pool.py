@@ -19,6 +19,7 @@ import hashlib
 import multiprocessing
 import os
 import pickle
+import random
 import tempfile
 import time
 from dataclasses import dataclass
@@ -178,7 +179,7 @@ class EnvPool:
         env_ids = self._check_env_ids(env_ids, len(goal_indices), "goal_indices")
         requests = {}
         for env_id, goal_index in zip(env_ids, goal_indices):
-            seed = hash((self.seed, env_id, self._reset_counts[env_id])) & 0x7FFFFFFF
+            seed = random.Random(f"{self.seed}:{env_id}:{self._reset_counts[env_id]}").getrandbits(31)
             self._reset_counts[env_id] += 1
             requests[env_id] = (goal_index, seed)
         results = self._run("reset", requests)

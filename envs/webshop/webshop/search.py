@@ -11,8 +11,10 @@ directly: this skips pyserini's 17 s import of its neural stack and cuts a query
 of the former is turning 50 full stored documents into Python objects). Results are the top 50 ASINs
 present in the catalogue; repeated queries hit an LRU cache.
 
-Measured on this machine's CPU (1,000 real products): JVM start and class loading about 0.5 s once per
-process, index build about 2 s, an uncached query about 1-3 ms, a cached one about 1 us.
+Measured on the project's shared 2-core CPU machine (bench/env_bench.py; timings vary with load): JVM start
+and class loading 3-7 s once per process; index build 5-13 s for 1,000-1,200 products (once per document
+set); opening a built index 0.1-0.6 s; an uncached query about 3 ms (13 ms through `LuceneSearcher`); a
+cached one about 1 us.
 
 Debug prefixes (first keyword, as in `get_top_n_product_from_keywords`): `<r>` 50 random products,
 `<c> category` every product of that category, `<q> query words` every product of that query; these
