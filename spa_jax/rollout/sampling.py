@@ -29,14 +29,19 @@ def sample_tokens(
     logprobs_b is log softmax(logits)[token] of the unmodified (temperature 1, no top-p) policy,
     the log pi(token) that PPO's ratio needs, whatever temperature/top-p chose the token."""
     logits_bv = logits_bv.astype(jnp.float32)
-    greedy_b = jnp.argmax(logits_bv, axis=-1)
-    scaled_bv = logits_bv / jnp.maximum(temperature_b, 1e-6)[:, None]
-    # Sorting the vocabulary is the costly part: skip it unless some row asks for top-p.
-    scaled_bv = jax.lax.cond(
-        jnp.any(top_p_b < 1.0), lambda x: top_p_filter(x, top_p_b), lambda x: x, scaled_bv
-    )
-    sampled_b = jax.random.categorical(rng, scaled_bv, axis=-1)
-    tokens_b = jnp.where(temperature_b > 0, sampled_b, greedy_b).astype(jnp.int32)
+    greedy_b = jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
+
+    def sample(logits_bv):
+        scaled_bv = logits_bv / jnp.maximum(temperature_b, 1e-6)[:, None]
+        # Sorting the vocabulary is costly: only when some row asks for top-p.
+        scaled_bv = jax.lax.cond(
+            jnp.any(top_p_b < 1.0), lambda x: top_p_filter(x, top_p_b), lambda x: x, scaled_bv
+        )
+        sampled_b = jax.random.categorical(rng, scaled_bv, axis=-1).astype(jnp.int32)
+        return jnp.where(temperature_b > 0, sampled_b, greedy_b)
+
+    # All-greedy batches (evaluation) skip the random draw over the vocabulary.
+    tokens_b = jax.lax.cond(jnp.any(temperature_b > 0), sample, lambda _: greedy_b, logits_bv)
     logprobs_bv = jax.nn.log_softmax(logits_bv, axis=-1)
     logprobs_b = jnp.take_along_axis(logprobs_bv, tokens_b[:, None], axis=-1)[:, 0]
     return tokens_b, logprobs_b

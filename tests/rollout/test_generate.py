@@ -100,34 +100,31 @@ def assert_greedy_continuations(reference_logprobs, histories, generated, logpro
 
 
 def test_multi_turn_cache_matches_full_forward_and_reencoding(tok, sampler, params, reference_logprobs):
+    """Three agent turns on the persistent cache: each reply equals greedy decoding by a cache-free
+    forward over the whole history, and re-encoding the history from scratch gives the same reply."""
     histories = prompt_ids(tok, PROMPTS)
     state = fresh_with_prompts(sampler, params, histories)
-    user_turns = [["Observation:\nyou clicked", "x", "Observation:\n[SEP] Search"], ["a", "6.76 fl oz bottle", "b c"]]
+    observations = [["Observation:\nyou clicked", "x", "Observation:\n[SEP] Search"], ["a", "6.76 fl oz bottle", "b c"]]
     for turn in range(3):
-        state, out = sampler.generate(params, state, [True] * BATCH, rng=jax.random.key(turn), max_new_tokens=MAX_NEW)
-        assert all(reason in ("eos", "length") for reason in out.finish_reasons)
-        assert [len(t) for t in out.token_ids] == [len(lp) for lp in out.logprobs]
-        assert_greedy_continuations(reference_logprobs, histories, out.token_ids, out.logprobs)
-        histories = [h + g for h, g in zip(histories, out.token_ids)]
+        if turn:
+            suffixes = []
+            for b, reason in enumerate(reply.finish_reasons):
+                close = [] if reason == "eos" else [tok.end_of_turn_id]
+                suffix, _ = tok.encode_turn_suffix([{"role": "user", "content": observations[turn - 1][b]}])
+                suffixes.append(close + suffix)
+            state = sampler.extend(params, state, range(BATCH), suffixes)
+            histories = [h + s for h, s in zip(histories, suffixes)]
+        state, reply = sampler.generate(params, state, [True] * BATCH, rng=jax.random.key(turn), max_new_tokens=MAX_NEW)
+        assert all(reason in ("eos", "length") for reason in reply.finish_reasons)
+        assert [len(t) for t in reply.token_ids] == [len(lp) for lp in reply.logprobs]
+        assert_greedy_continuations(reference_logprobs, histories, reply.token_ids, reply.logprobs)
+        _, reencoded = sampler.generate(
+            params, fresh_with_prompts(sampler, params, histories), [True] * BATCH,
+            rng=jax.random.key(9), max_new_tokens=MAX_NEW,
+        )
+        assert reencoded.token_ids == reply.token_ids
+        histories = [h + g for h, g in zip(histories, reply.token_ids)]
         np.testing.assert_array_equal(state.lengths, [len(h) for h in histories])
-        if turn == 2:
-            break
-        suffixes = []
-        for b, reason in enumerate(out.finish_reasons):
-            close = [] if reason == "eos" else [tok.end_of_turn_id]
-            suffix, _ = tok.encode_turn_suffix([{"role": "user", "content": user_turns[turn][b]}])
-            suffixes.append(close + suffix)
-        state = sampler.extend(params, state, range(BATCH), suffixes)
-        histories_before_reply = [h + s for h, s in zip(histories, suffixes)]
-        histories = histories_before_reply
-
-    # Re-encoding the whole history before the last reply gives the same last reply.
-    last_prompt = [h[: len(h) - len(g)] for h, g in zip(histories, out.token_ids)]
-    _, again = sampler.generate(
-        params, fresh_with_prompts(sampler, params, last_prompt), [True] * BATCH,
-        rng=jax.random.key(9), max_new_tokens=MAX_NEW,
-    )
-    assert again.token_ids == out.token_ids
 
 
 def test_sampled_tokens_lie_in_nucleus_and_logprobs_are_temperature_one(tok, sampler, params, reference_logprobs):
@@ -301,7 +298,8 @@ def test_sharded_sampler_matches_single_device(tmp_path):
         print("SHARDED_OK")
         """
     )
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0")
     result = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600,
         cwd=Path(__file__).resolve().parents[2],
