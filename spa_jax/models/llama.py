@@ -214,7 +214,8 @@ class Llama(nnx.Module):
     )
 
   def embed_tokens(self, tokens_bt: jax.Array) -> jax.Array:
-    x_btd = jnp.take(self.embed[...], tokens_bt, axis=0).astype(self.cfg.compute_jnp_dtype)
+    table_vd = constrain(self.embed[...], ("vocab", None))  # FSDP: gather the embed dim first
+    x_btd = jnp.take(table_vd, tokens_bt, axis=0).astype(self.cfg.compute_jnp_dtype)
     return constrain(x_btd, _ACT_BTD)
 
   def logits_from_hidden(self, hidden_btd: jax.Array) -> jax.Array:
