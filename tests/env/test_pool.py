@@ -9,7 +9,7 @@ import pytest
 from webshop.catalogue import Catalogue
 from webshop.env import WebShopEnv
 from webshop.expert import ScriptedExpert, action_of
-from webshop.pool import CatalogueSpec, EnvPool
+from webshop.pool import CatalogueSpec, EnvPool, cached_catalogue_path, load_cached_catalogue
 
 NUM_ENVS = 6
 
@@ -116,3 +116,15 @@ def test_bad_arguments_are_rejected_clearly(catalogue):
         CatalogueSpec.parse(catalogue)
     with pytest.raises(ValueError, match="num_workers"):
         EnvPool("embedded", num_envs=2, num_workers=3)
+
+
+def test_catalogue_pickle_is_written_once_and_loads_the_same_catalogue(tmp_path, catalogue):
+    path = cached_catalogue_path(CatalogueSpec("embedded"), tmp_path)
+    stamp = path.stat().st_mtime_ns
+    assert cached_catalogue_path(CatalogueSpec.parse("embedded"), tmp_path) == path
+    assert path.stat().st_mtime_ns == stamp
+    loaded = load_cached_catalogue(path)
+    assert loaded.products == catalogue.products and loaded.goals == catalogue.goals
+    assert loaded.split("test") == catalogue.split("test")
+    with pytest.raises(ValueError, match="embedded catalogue has fixed size"):
+        CatalogueSpec("embedded", goals="human").build()
