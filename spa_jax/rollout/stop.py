@@ -82,13 +82,19 @@ def build_stop_table(stop: StopSequence, token_texts: Sequence[str], vocab_size:
     delta_sc, classes = _char_automaton(stop)
     texts = list(token_texts) + [""] * (vocab_size - len(token_texts))
     lengths_v = np.fromiter(map(len, texts), np.int64, count=vocab_size)
+    codepoints = np.frombuffer("".join(texts).encode("utf-32-le"), np.uint32)
+    classes_c = np.zeros(codepoints.shape, np.int32)
+    for char, cls in classes.items():
+        classes_c[codepoints == ord(char)] = cls
+    token_of_c = np.repeat(np.arange(vocab_size), lengths_v)
+    offset_in_token_c = np.arange(codepoints.size) - np.repeat(np.cumsum(lengths_v) - lengths_v, lengths_v)
     classes_vl = np.zeros((vocab_size, max(1, lengths_v.max())), np.int32)
-    for token, text in enumerate(texts):
-        if text:
-            classes_vl[token, : len(text)] = [classes.get(c, 0) for c in text]
+    classes_vl[token_of_c, offset_in_token_c] = classes_c
     table_vs = np.broadcast_to(np.arange(stop.num_states, dtype=np.int32), (vocab_size, stop.num_states)).copy()
+    num_classes = delta_sc.shape[1]
+    delta_flat = delta_sc.reshape(-1)
     for j in range(classes_vl.shape[1]):
         live_v = lengths_v > j
-        table_vs[live_v] = delta_sc[table_vs[live_v], classes_vl[live_v, j][:, None]]
+        table_vs[live_v] = delta_flat[table_vs[live_v] * num_classes + classes_vl[live_v, j, None]]
     return table_vs
 
