@@ -154,7 +154,7 @@ def main() -> None:
         "bench": "env_bench", "quick": args.quick,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, {round(psutil.virtual_memory().total / 2**30)} GiB, "
-                   f"Python {platform.python_version()}",
+                   f"Python {platform.python_version()}, load average {os.getloadavg()[0]:.1f} at start",
         "commit": commit, "catalogues": {},
     }
     report["synthetic_generate_s"] = round(timed(generate_raw)[1], 3)

@@ -98,10 +98,11 @@ class ScriptedExpert:
         return self._click_product(goal, best, "is the closest match to")
 
     def _click_product(self, goal: dict, asin: str, relation: str) -> str:
-        title = self.catalogue.by_asin[asin].title
-        attributes = [a for a in goal["attributes"] if a.lower() in title.lower()]
+        product = self.catalogue.by_asin[asin]
+        attributes = [a for a in goal["attributes"] if a.lower() in product.title.lower()]
         detail = f", with {', '.join(attributes)}" if attributes else ""
-        return _turn(f"{asin} \"{title}\" {relation} the {goal['query']} I need{detail}; I'll open it.",
+        return _turn(f"{asin} \"{product.title}\" ({product.price_display}) {relation} the {goal['query']} I need"
+                     f"{detail}; I'll open it.",
                      f"click[{asin.lower()}]")
 
     def _on_item(self, goal: dict, clickables: list[str]) -> str:
