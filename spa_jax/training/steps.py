@@ -24,7 +24,7 @@ import optax
 from flax import nnx, struct
 
 from spa_jax.sharding import constrain
-from spa_jax.training.batch import token_entropy, token_logprobs
+from spa_jax.training.batch import gather_steps, token_entropy, token_logprobs
 from spa_jax.training.losses import ppo_policy_loss, progress_loss, sft_loss, value_loss
 from spa_jax.training.sum_count import SumCount, masked_sum_count
 from spa_jax.training.train_state import TrainState
@@ -139,8 +139,8 @@ def make_sft_step(state_template: TrainState, *, num_micro_batches: int = 1):
 
 def _progress_loss_fn(params, micro, *, state: TrainState, num_trajectories):
   model = nnx.merge(state.graphdef, params, state.frozen)
-  values_bs = model.step_values(micro["tokens_bt"], micro["positions_bt"],
-                                micro["step_end_idx_bs"])
+  values_bs = gather_steps(model(micro["tokens_bt"], micro["positions_bt"]),
+                           micro["step_end_idx_bs"])
   loss = progress_loss(values_bs, micro["step_mask_bs"], micro["final_reward_b"])
   return loss.total / num_trajectories, {"progress_loss": loss}
 
@@ -165,7 +165,7 @@ def make_progress_step(state_template: TrainState, *, num_micro_batches: int = 1
 
 
 class PPOState(struct.PyTreeNode):
-  """Policy and a separate critic (`ValueModel`), each with its own optimizer."""
+  """Policy and a separate critic (`spa_jax.models.ValueModel`), each with its own optimizer."""
 
   policy: TrainState
   critic: TrainState
@@ -196,8 +196,8 @@ def _ppo_loss_fn(params, micro, *, state: PPOState, cfg: PPOConfig, num_tokens, 
     loss = loss - cfg.entropy_coef * metrics["entropy"].total / num_tokens
 
   critic = nnx.merge(state.critic.graphdef, critic_params, state.critic.frozen)
-  values_bs = critic.step_values(micro["tokens_bt"], micro["positions_bt"],
-                                 micro["step_start_idx_bs"])
+  values_bs = gather_steps(critic(micro["tokens_bt"], micro["positions_bt"]),
+                           micro["step_start_idx_bs"])
   metrics |= value_loss(values_bs, micro["old_values_bs"], micro["returns_bs"],
                         micro["step_mask_bs"], clip_eps=cfg.value_clip_eps)
   loss = loss + cfg.vf_coef * metrics["value_loss"].total / num_steps
@@ -255,14 +255,14 @@ def forward_logprobs(state: TrainState, batch: Batch, *, num_micro_batches: int 
 @functools.partial(jax.jit, static_argnames=("graphdef", "idx_key", "num_micro_batches"))
 def _forward_step_values(graphdef, params, frozen, inputs, *, idx_key, num_micro_batches):
   def values(micro):
-    model = _merged(graphdef, params, frozen)
-    return model.step_values(micro["tokens_bt"], micro["positions_bt"], micro[idx_key])
+    values_bt = _merged(graphdef, params, frozen)(micro["tokens_bt"], micro["positions_bt"])
+    return gather_steps(values_bt, micro[idx_key])
   return map_micro_batches(values, inputs, num_micro_batches)
 
 
 def forward_step_values(state: TrainState, batch: Batch, *, at: str,
                         num_micro_batches: int = 1) -> jax.Array:
-  """A `ValueModel`'s head outputs per step [B, S] (0 on padding steps).
+  """A `spa_jax.models.ValueModel`'s outputs per step [B, S] (0 on padding steps).
 
   at="end": at the last token of each action (progress estimator c_s);
   at="start": at the last token before each action (critic V(state_s)).

@@ -7,38 +7,23 @@ import optax
 import pytest
 from flax import nnx
 
-from conftest import tiny_config, tiny_llama, toy_trajectories
+from conftest import tiny_llama, toy_trajectories
+from spa_jax.models import ValueModel, apply_lora
 from spa_jax.training import steps
 from spa_jax.training.batch import sum_tokens_per_step
 from spa_jax.training.optim import OptimizerConfig, make_optimizer
 from spa_jax.training.ppo_targets import ppo_targets
 from spa_jax.training.rewards import step_rewards
 from spa_jax.training.train_state import count_params, create_train_state
-from spa_jax.training.value_model import ValueModel
 
 
-class LinearHead(nnx.Module):
-  """Stand-in scalar head [..., D] -> [...]."""
-
-  def __init__(self, dim: int, rngs: nnx.Rngs):
-    self.linear = nnx.Linear(dim, 1, rngs=rngs)
-
-  def __call__(self, hidden):
-    return self.linear(hidden)[..., 0]
-
-
-def add_lora_adapters(model, rank=4, seed=0):
-  rngs = nnx.Rngs(seed)
-  for layer in model.layers:
-    for proj in (layer.self_attn.q_proj, layer.self_attn.v_proj):
-      d_in, d_out = proj.kernel.shape
-      proj.lora = nnx.data(nnx.LoRA(d_in, rank, d_out, rngs=rngs))
-  return model
+def lora_llama(seed=0):
+  return apply_lora(tiny_llama(seed), rank=4, alpha=8, rngs=nnx.Rngs(seed + 1))
 
 
 def value_model(seed=0):
-  cfg = tiny_config()
-  return ValueModel(tiny_llama(seed), LinearHead(cfg.hidden_size, nnx.Rngs(seed + 100)))
+  # a random head (C's default is zero) so that values differ per token from the start
+  return ValueModel(tiny_llama(seed), nnx.Rngs(seed + 100), init_std=0.1)
 
 
 def as_jnp(batch):
@@ -69,8 +54,7 @@ def test_sft_loss_decreases_and_micro_batching_is_exact():
 
 
 def test_lora_step_leaves_base_weights_bit_identical():
-  model = add_lora_adapters(tiny_llama())
-  state = create_train_state(model, adamw(1e-2), trainable="lora")
+  state = create_train_state(lora_llama(), adamw(1e-2), trainable="lora")
   base_before = jax.tree.map(np.array, state.frozen)
   lora_before = jax.tree.map(np.array, state.params)
   # 1 layer x (q: A 64x4 + B 4x64, v: A 64x4 + B 4x32 with 2 kv heads of 16)
@@ -88,6 +72,16 @@ def test_lora_step_leaves_base_weights_bit_identical():
   ref_logp = steps.forward_logprobs(steps.lora_reference(state), batch)
   base_state = create_train_state(tiny_llama(), optax.set_to_zero())
   np.testing.assert_allclose(ref_logp, steps.forward_logprobs(base_state, batch), atol=1e-6)
+
+
+def test_lora_and_head_filter_trains_adapters_and_head_only():
+  critic = ValueModel(lora_llama(), nnx.Rngs(5))
+  state = create_train_state(critic, adamw(1e-3), trainable="lora_and_head")
+  trainable = {"/".join(map(str, path)) for path, _ in nnx.to_flat_state(state.params)}
+  assert {"head/kernel", "head/bias", "backbone/layers/0/self_attn/q_proj/lora/a"} <= trainable
+  assert not any(name.endswith("kernel") and "head" not in name for name in trainable)
+  frozen = {"/".join(map(str, path)) for path, _ in nnx.to_flat_state(state.frozen)}
+  assert "backbone/layers/0/self_attn/q_proj/kernel" in frozen and "backbone/embed" in frozen
 
 
 def test_trainable_filter_errors():
