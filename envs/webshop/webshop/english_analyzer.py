@@ -10,7 +10,7 @@ that transcribes the JFlex grammar of Lucene's `StandardTokenizerImpl` over the 
 equivalent when no combining, format or joiner characters occur).
 Character classes come from `unicodedata` plus the explicit UAX#29 lists; scripts that `unicodedata`
 cannot name (Han, Hiragana, Katakana, South-East Asian) use their Unicode blocks. Hebrew-specific rules
-(WB7a-c) are not modelled: Hebrew letters behave as other letters.
+(WB7a-c) send the text to the general (slower) pattern.
 """
 
 import functools
@@ -27,14 +27,17 @@ ENGLISH_STOP_WORDS = frozenset((
 
 # Word-break classes, one letter each:
 #   A letter (ALetter, Hebrew_Letter)   D digit (Numeric)         K Katakana
-#   M MidLetter                         N MidNum                  B MidNumLet or Single_Quote (both roles)
+#   M MidLetter                         N MidNum                  B MidNumLet (both roles)
+#   J Single_Quote (both roles)         W Double_Quote            H Hebrew_Letter
 #   U ExtendNumLet                      X Extend or Format        Z zero-width joiner
 #   V emoji presentation selector       E emoji (Extended_Pictographic)
-#   F emoji skin-tone modifier          R regional indicator      C Han   I Hiragana
+#   F emoji skin-tone modifier (an Extend character, or an emoji on its own)
+#   Q combining keycap (Extend)         P '#' or '*' (keycap bases)
+#   R regional indicator                C Han                     I Hiragana
 #   S South-East Asian (Line_Break = Complex_Context)              . anything else (never in a token)
 _MID_LETTER = frozenset('\u003a\u00b7\u0387\u05f4\u2027\ufe13\ufe55\uff1a')
 _MID_NUM = frozenset('\u002c\u003b\u037e\u0589\u060c\u060d\u066c\u07f8\u2044\ufe10\ufe14\ufe50\ufe54\uff0c\uff1b')
-_MID_NUM_LET_OR_QUOTE = frozenset('\u002e\u2018\u2019\u2024\ufe52\uff07\uff0e\u0027')
+_MID_NUM_LET = frozenset('\u002e\u2018\u2019\u2024\ufe52\uff07\uff0e')
 _EXTEND_NUM_LET = frozenset('\u005f\u202f\u203f\u2040\u2054\ufe33\ufe34\ufe4d\ufe4e\ufe4f\uff3f')
 _EXTEND_EXTRA = frozenset('\u200c\uff9e\uff9f')
 _NOT_FORMAT = frozenset('\u200b\u200c\u200d')
@@ -78,8 +81,12 @@ def word_break_class(char: str) -> str:
         return 'M'
     if char in _MID_NUM:
         return 'N'
-    if char in _MID_NUM_LET_OR_QUOTE:
+    if char in _MID_NUM_LET:
         return 'B'
+    if char == "'":
+        return 'J'
+    if char == '"':
+        return 'W'
     if char in _EXTEND_NUM_LET:
         return 'U'
     if char == '\u200d':
@@ -88,6 +95,10 @@ def word_break_class(char: str) -> str:
         return 'V'
     if 0x1F3FB <= code <= 0x1F3FF:
         return 'F'
+    if char == '\u20e3':
+        return 'Q'
+    if char in '#*':
+        return 'P'
     if 0x1F1E6 <= code <= 0x1F1FF:
         return 'R'
     if _in_ranges(code, _PICTOGRAPHIC_RANGES):
@@ -104,6 +115,8 @@ def word_break_class(char: str) -> str:
         return 'C' if category[0] in 'LN' else '.'
     if _in_ranges(code, _HIRAGANA_RANGES):
         return 'I'
+    if category == 'Lo' and 0x05D0 <= code <= 0x05F2 or 0xFB1D <= code <= 0xFB4F and category == 'Lo':
+        return 'H'
     if category in ('Lu', 'Ll', 'Lt', 'Lm', 'Lo', 'Nl') or _in_ranges(code, _EXTRA_LETTER_RANGES):
         return 'A'
     return '.'
@@ -111,16 +124,18 @@ def word_break_class(char: str) -> str:
 
 def _general_token_pattern() -> re.Pattern:
     """StandardTokenizerImpl's token rules over a class string (greedy: yields JFlex's longest match)."""
-    ext = '[XZV]*'
+    ext = '[XZVFQ]*'   # WB4: Extend, Format and ZWJ characters attach to the character before them
     extend_num_let = f'U{ext}'
     katakana_run = f'K{ext}(?:(?:{extend_num_let})*K{ext})*'
-    number_run = f'D{ext}(?:(?:(?:{extend_num_let})*|[NB]{ext})D{ext})*'
-    letter_run = f'A{ext}(?:(?:(?:{extend_num_let})*|[MB]{ext})A{ext})*'
-    core = f'(?:{katakana_run}|(?:{number_run}|{letter_run})+)'
+    number_run = f'D{ext}(?:(?:(?:{extend_num_let})*|[NBJ]{ext})D{ext})*'
+    free_letter = f'(?:A{ext}|H{ext}+(?!J|W{ext}H))'   # a Hebrew letter before a quote starts WB7a-c
+    letter_run = f'{free_letter}(?:(?:{extend_num_let})*{free_letter}|[MBJ]{ext}[AH]{ext})*'
+    hebrew_quoted = f'H{ext}(?:J{ext}|W{ext}H{ext})'   # WB7a-c
+    core = f'(?:{katakana_run}|(?:{hebrew_quoted}|{number_run}|{letter_run})+)'
     word = f'(?:{extend_num_let})*{core}(?:(?:{extend_num_let})+{core})*(?:{extend_num_let})*'
-    emoji_ext = '(?:X|Z(?!Z*[EF]))*'   # a joiner stays free when an emoji follows it (the ZWJ sequence rule)
-    emoji_unit = f'Z*(?:E{emoji_ext}V?|(?:E{emoji_ext})?F{emoji_ext})'
-    emoji = f'{emoji_unit}(?:Z{emoji_unit})*|R[XZV]*R[XZV]*'
+    emoji_ext = '(?:[XFQ]|Z(?!Z*E))*'   # presentation selectors end an emoji; a joiner before an emoji joins it
+    emoji_unit = f'Z*E{emoji_ext}V?|F{emoji_ext}'
+    emoji = f'(?:{emoji_unit})(?:Z(?:{emoji_unit}))*|P[XZFQ]*V?Q[XZFQ]*|R{ext}R{ext}'
     single = f'[CI]{ext}|(?:S{ext})+'
     return re.compile(f'{emoji}|{word}|{single}')
 
@@ -139,18 +154,18 @@ def _plain_token_pattern(char_class: dict[str, str], with_other_scripts: bool) -
     word = (f'[{u}]*+{run}(?:(?:{after_letter}|{after_digit}){letter_or_digit}++|[{u}]++{run})*+[{u}]*+')
     if not with_other_scripts:
         return re.compile(word)
-    e, f, r = char_class['E'], char_class['F'], char_class['R']
-    others = f'[{e}]?[{f}]|[{e}]|[{r}][{r}]|[{char_class["C"]}{char_class["I"]}]|[{char_class["S"]}]++'
-    return re.compile(f'(?=[{a}{d}{k}{u}{e}{f}{r}{char_class["C"]}{char_class["I"]}{char_class["S"]}])'
+    e, r = char_class['E'], char_class['R']
+    others = f'[{e}]|[{r}][{r}]|[{char_class["C"]}{char_class["I"]}]|[{char_class["S"]}]++'
+    return re.compile(f'(?=[{a}{d}{k}{u}{e}{r}{char_class["C"]}{char_class["I"]}{char_class["S"]}])'
                       f'(?:{word}|{others})')
 
 
-_CLASS_LETTERS = {letter: letter for letter in 'ADKMNBUEFRCIS'}
+_CLASS_LETTERS = {**{letter: letter for letter in 'ADKMNUERCIS'}, 'B': 'BJ'}
 _PLAIN_TOKEN = _plain_token_pattern(_CLASS_LETTERS, with_other_scripts=True)
 _ASCII_TOKEN = _plain_token_pattern(
     {**_CLASS_LETTERS, 'A': 'A-Za-z', 'D': '0-9', 'M': ':', 'N': ',;', 'B': ".'", 'U': '_'}, with_other_scripts=False)
 _GENERAL_TOKEN = _general_token_pattern()
-_EXTEND_CLASSES = re.compile('[XZV]')
+_GENERAL_ONLY_CLASSES = re.compile('[XZVFQHW]')
 
 
 class _ClassTable(dict):
@@ -171,18 +186,29 @@ def tokenize(text: str) -> list[str]:
         if max(map(len, tokens), default=0) <= MAX_TOKEN_LENGTH:
             return tokens
     classes = text.translate(_CLASS_TABLE)
-    pattern = _GENERAL_TOKEN if _EXTEND_CLASSES.search(classes) else _PLAIN_TOKEN
+    pattern = _GENERAL_TOKEN if _GENERAL_ONLY_CLASSES.search(classes) else _PLAIN_TOKEN
     tokens = []
     for match in pattern.finditer(classes):
         start, end = match.span()
-        while end - start > MAX_TOKEN_LENGTH:   # Lucene chops long tokens and rescans the rest
-            tokens.append(text[start:start + MAX_TOKEN_LENGTH])
-            rest = pattern.search(classes, start + MAX_TOKEN_LENGTH, end)
-            if rest is None:
-                break
-            start = rest.start()
-        else:
+        if end - start <= MAX_TOKEN_LENGTH:
             tokens.append(text[start:end])
+        else:
+            tokens += _chopped(pattern, classes, text, start, end)
+    return tokens
+
+
+def _chopped(pattern: re.Pattern, classes: str, text: str, start: int, end: int) -> list[str]:
+    """Tokens of an over-long span: Lucene's scanner sees 255 characters at a time, takes the longest
+    token inside that window and skips a character where none starts."""
+    tokens = []
+    position = start
+    while position < end:
+        match = pattern.match(classes, position, min(position + MAX_TOKEN_LENGTH, end))
+        if match is None or match.end() == position:
+            position += 1
+        else:
+            tokens.append(text[position:match.end()])
+            position = match.end()
     return tokens
 
 
