@@ -66,15 +66,12 @@ class _CheckpointReader:
     else:
       raise FileNotFoundError(f"No {SINGLE_FILE} or {INDEX_FILE} in {directory}.")
     self.directory = directory
-    self._handles: dict[Path, object] = {}
 
   def read(self, key: str, expected_shape: tuple[int, ...]) -> np.ndarray:
     if key not in self.files:
       raise KeyError(f"Checkpoint {self.directory} lacks tensor {key!r} (expected shape {expected_shape}).")
-    file = self.files[key]
-    if file not in self._handles:
-      self._handles[file] = safe_open(file, framework="numpy")
-    return self._handles[file].get_tensor(key)
+    with safe_open(self.files[key], framework="numpy") as f:  # unmapped again after each tensor
+      return f.get_tensor(key)
 
 
 def _to_device(host: np.ndarray, sharding: NamedSharding | None) -> jax.Array:

@@ -66,8 +66,11 @@ def apply_lora(
   if unknown:
     raise ValueError(f"Unknown LoRA targets {sorted(unknown)}; choose from {ALL_TARGETS}.")
   found = _target_linears(model, targets)
-  if not found:
-    raise ValueError(f"No projection named {tuple(targets)} in the model (tied lm_head has none).")
+  missing = set(targets) - {path[-1] for path, _ in found}
+  if missing:
+    raise ValueError(
+        f"No projection named {sorted(missing)} in the model (a tied lm_head has none); drop it from targets."
+    )
   for _, linear in found:
     if linear.lora is not None:
       raise ValueError("apply_lora called twice on the same projection; merge_lora first.")

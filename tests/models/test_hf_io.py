@@ -126,3 +126,48 @@ def test_missing_and_misshaped_tensors_are_named(micro_cfg, micro_model, tmp_pat
   save_file(tensors, out / "model.safetensors")
   with pytest.raises(ValueError, match="does not use"):
     load_hf(out, micro_cfg.replace(num_layers=1))
+
+
+_RSS_PROBE = """
+import re, sys
+import jax
+from flax import nnx
+from spa_jax.models import Llama, LlamaConfig
+from spa_jax.models.hf_io import load_hf
+jax.numpy.zeros(1).block_until_ready()
+cfg = LlamaConfig.from_hf_dict(__import__("json").load(open(sys.argv[1] + "/config.json")))
+nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))  # warm up tracing outside the measurement
+peak_kib = lambda: int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1))
+before = peak_kib()
+_, model = load_hf(sys.argv[1])
+jax.block_until_ready(nnx.state(model))
+print((peak_kib() - before) * 1024)
+"""
+
+
+@pytest.mark.slow
+def test_load_streams_without_a_second_host_copy(tmp_path):
+  """Peak RSS growth while loading stays near one copy of the weights (CPU devices share host RAM)."""
+  import subprocess
+  import sys
+
+  from spa_jax.models import Llama, LlamaConfig
+  from spa_jax.models.hf_io import hf_key
+
+  cfg = LlamaConfig(vocab_size=8192, hidden_size=512, intermediate_size=2048, num_layers=8,
+                    num_heads=8, num_kv_heads=4, head_dim=64)
+  rng = np.random.default_rng(0)
+  tensors = {}
+  for path, variable in nnx.to_flat_state(nnx.state(nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0))))):
+    key, transposed = hf_key(path)
+    shape = variable.get_value().shape
+    tensors[key] = rng.standard_normal(shape[::-1] if transposed else shape, dtype=np.float32)
+  (tmp_path / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
+  save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+  checkpoint_bytes = sum(t.nbytes for t in tensors.values())
+  del tensors
+  result = subprocess.run([sys.executable, "-c", _RSS_PROBE, str(tmp_path)], capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode == 0, result.stderr
+  peak_growth = int(result.stdout.split()[-1])
+  assert checkpoint_bytes <= peak_growth < 1.5 * checkpoint_bytes, (peak_growth, checkpoint_bytes)

@@ -85,6 +85,9 @@ def test_bad_lora_arguments(model_and_tokens):
   model, _ = model_and_tokens
   with pytest.raises(ValueError, match="Unknown LoRA targets"):
     apply_lora(model, 4, 8, targets=("qproj",), rngs=nnx.Rngs(0))
+  tied = nnx.eval_shape(lambda: type(model)(model.cfg.replace(tie_embeddings=True), rngs=nnx.Rngs(0)))
+  with pytest.raises(ValueError, match=r"No projection named \['lm_head'\]"):
+    apply_lora(tied, 4, 8, targets=("q_proj", "lm_head"), rngs=nnx.Rngs(0))
   apply_lora(model, 4, 8, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="twice"):
     apply_lora(model, 4, 8, rngs=nnx.Rngs(0))

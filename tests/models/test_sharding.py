@@ -117,7 +117,7 @@ def _multi_device_checks():
 
   # load_hf streams each tensor onto its shards.
   with tempfile.TemporaryDirectory() as tmp:
-    save_hf(plain, cfg, tmp)
+    save_hf(sharded, cfg, tmp)  # gathers the shards
     _, loaded = load_hf(tmp, mesh=mesh)
   for (path, a), (_, b) in zip(nnx.to_flat_state(nnx.state(sharded)), nnx.to_flat_state(nnx.state(loaded))):
     assert b.get_value().sharding.is_equivalent_to(a.get_value().sharding, a.get_value().ndim), path
