@@ -7,7 +7,7 @@ import sys
 import warnings
 
 import pytest
-from conftest import raw_item, tiny_raw
+from raw_products import raw_item, tiny_raw
 
 from webshop.catalogue import Catalogue, parse_options, parse_pricing
 from webshop.goals import NO_PRICE_LIMIT, human_goals, price_upper_and_text, shuffle_goals, synthetic_goals
