@@ -186,7 +186,11 @@ def tokenize(text: str) -> list[str]:
         if max(map(len, tokens), default=0) <= MAX_TOKEN_LENGTH:
             return tokens
     classes = text.translate(_CLASS_TABLE)
-    pattern = _GENERAL_TOKEN if _GENERAL_ONLY_CLASSES.search(classes) else _PLAIN_TOKEN
+    return _scan(_GENERAL_TOKEN if _GENERAL_ONLY_CLASSES.search(classes) else _PLAIN_TOKEN, classes, text)
+
+
+def _scan(pattern: re.Pattern, classes: str, text: str) -> list[str]:
+    """The tokens of `text` that `pattern` finds in its class string `classes`."""
     tokens = []
     for match in pattern.finditer(classes):
         start, end = match.span()
