@@ -98,26 +98,24 @@ def _tokens(title: str) -> list[str]:
 
 
 @functools.cache
-def _lemma_index() -> dict[str, frozenset[str]]:
-    """Word -> parts of speech it is listed under (WordNet lemma index shipped by spacy-lookups-data)."""
+def _lemma_index() -> tuple[frozenset[str], frozenset[str]]:
+    """(words listed as nouns, all listed words) of the WordNet lemma index shipped by spacy-lookups-data."""
     import spacy_lookups_data
     path = Path(spacy_lookups_data.__file__).parent / 'data' / 'en_lemma_index.json.gz'
     with gzip.open(path, 'rt') as f:
         index = json.load(f)
-    parts: dict[str, set[str]] = {}
-    for pos, words in index.items():
-        for word in words:
-            parts.setdefault(word, set()).add(pos)
-    return {word: frozenset(pos) for word, pos in parts.items()}
+    return frozenset(index['noun']), frozenset().union(*index.values())
 
 
-def _fallback_is_noun(word: str, index: dict[str, frozenset[str]]) -> bool:
+def _fallback_is_noun(word: str, nouns: frozenset[str], known: frozenset[str]) -> bool:
     if not any(c.isalpha() for c in word) or word in _CLOSED_CLASS:
         return False
-    parts = index.get(word) or index.get(word.rstrip('s'))
-    return parts is None or 'noun' in parts
+    for form in (word, word.rstrip('s')):
+        if form in known:
+            return form in nouns
+    return True
 
 
 def _fallback_nouns(titles: list[str]) -> list[list[str]]:
-    index = _lemma_index()
-    return [[w for w in _tokens(title) if _fallback_is_noun(w, index)] for title in titles]
+    nouns, known = _lemma_index()
+    return [[w for w in _tokens(title) if _fallback_is_noun(w, nouns, known)] for title in titles]
