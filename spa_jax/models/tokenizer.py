@@ -173,6 +173,7 @@ SPM_ROLE_TOKENS = {role: f"<|{role}|>" for role in ROLES}
 SPM_END_OF_TURN = "<|end|>"
 SPM_MAX_TRAIN_CHARS = 3_000_000  # corpus sample size that keeps training to a few seconds on 2 cores
 SPM_CHUNK_CHARS = 2_000  # training "sentences" are line groups below SentencePiece's 4192-byte limit
+SPM_TRAIN_THREADS = 2  # fixed, so every machine trains the same model from the same corpus
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -202,7 +203,8 @@ class SentencePieceTokenizer(Tokenizer):
         """The model for this corpus and vocab size from `cache_dir`, training it (seconds) if absent.
 
         The cache key hashes the corpus and settings. `vocab_size` is an upper bound: a small corpus
-        yields fewer pieces (`hard_vocab_limit=False`)."""
+        yields fewer pieces (`hard_vocab_limit=False`). Training is deterministic, so processes that
+        call this with the same corpus get identical models (the file is written atomically)."""
         chunks = _corpus_chunks(texts)
         if not chunks:
             raise ValueError("SentencePiece training corpus is empty; pass the catalogue and prompt texts")
@@ -283,7 +285,7 @@ def _train_spm(chunks: list[str], model_file: Path, vocab_size: int) -> None:
             bos_piece=SPM_CONTROL["bos"],
             eos_piece=SPM_CONTROL["eos"],
             user_defined_symbols=[*SPM_ROLE_TOKENS.values(), SPM_END_OF_TURN],
-            num_threads=os.cpu_count() or 1,
+            num_threads=SPM_TRAIN_THREADS,
             minloglevel=2,
         )
     os.replace(out.name, model_file)  # atomic: concurrent processes never read a half-written model

@@ -190,6 +190,11 @@ def test_spm_train_or_load_caches_by_corpus_and_settings(tmp_path, monkeypatch):
         SentencePieceTokenizer.train_or_load(CORPUS, tmp_path, vocab_size=300)
 
 
+def test_spm_training_is_deterministic(tmp_path, spm_tok):
+    again = SentencePieceTokenizer.train_or_load(CORPUS, tmp_path, vocab_size=400)
+    assert again.path != spm_tok.path and again.path.read_bytes() == spm_tok.path.read_bytes()
+
+
 def test_spm_splits_digits_and_falls_back_to_bytes(spm_tok):
     pieces = [spm_tok.decode([t]) for t in spm_tok.encode("12345")]
     assert pieces == list("12345")
