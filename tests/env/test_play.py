@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+from webshop.env import WebShopEnv
+
 
 def play(stdin: str, *args: str) -> str:
     result = subprocess.run([sys.executable, '-W', 'ignore', '-m', 'webshop.play', *args], input=stdin,
@@ -13,23 +15,26 @@ def play(stdin: str, *args: str) -> str:
 
 
 @pytest.mark.slow
-def test_play_runs_an_episode_to_a_purchase():
-    out = play('click[search]\nsearch[shoes]\n', '--goal', '0', '--max-steps', '3')
-    assert out.startswith('goal 0: ')
-    assert 'WebShop [SEP] Instruction: [SEP] ' in out
+def test_play_runs_an_episode_to_a_purchase(embedded):
+    env = WebShopEnv(embedded)
+    env.reset(0)
+    env.step('search[shoes]')
+    asin = env.state.results[0]
+    out = play(f'click[search]\nsearch[shoes]\nclick[{asin}]\nclick[buy now]\nsearch[never reached]\n',
+               '--goal', '0', '--mode', 'text_rich')
+    assert out.startswith(f'goal 0: {embedded.goals[0]["instruction_text"]}\n')
+    assert 'WebShop\nInstruction: \n' in out
     assert "action 'click[search]': valid=False reward=0.0" in out
     assert "action 'search[shoes]': valid=True reward=0.0" in out
-    assert 'Page 1 (Total results: ' in out
-
-    first_page = out.split('clickables: ')[-1]
-    asin = first_page.split("'")[5]                       # ['back to search', 'next >', '<asin>', ...]
-    out = play(f'search[shoes]\nclick[{asin}]\nclick[buy now]\nsearch[never reached]\n', '--goal', '0',
-               '--mode', 'text_rich')
+    assert 'Page 1 (Total results: ' in out and f'[button] {asin} [button_]' in out
     assert '[button] Buy Now [button_]' in out
     assert 'episode over: purchased, reward ' in out and 'reward details: ' in out
     assert 'never reached' not in out
 
 
-def test_play_quits_on_quit():
+def test_play_stops_at_the_step_limit_and_on_quit():
+    out = play('nonsense\nnonsense\nsearch[x]\n', '--goal', '1', '--max-steps', '2')
+    assert "action 'nonsense': valid=False reward=0.0" in out
+    assert 'episode over: step limit, reward 0.0' in out and 'search[x]' not in out
     out = play('quit\nsearch[shoes]\n', '--goal', '1')
-    assert 'Search' in out and 'action' not in out
+    assert 'WebShop [SEP] Instruction: [SEP] ' in out and 'action' not in out
