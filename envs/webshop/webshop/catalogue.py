@@ -24,6 +24,7 @@ Departures from the original, on purpose:
 """
 
 import functools
+import importlib.metadata
 import json
 import os
 import random
@@ -189,6 +190,18 @@ class Catalogue:
     def embedded_default(cls) -> 'Catalogue':
         """The deterministic synthetic catalogue (built once per process), synthetic goals, train/test splits."""
         return _embedded_default()
+
+    def settings(self) -> dict:
+        """What an evaluation record should carry to say which environment produced it."""
+        return {
+            'goal_kind': self.goal_kind,
+            'num_products': len(self.products),
+            'num_goals': len(self.goals),
+            'split_scheme': self.split_scheme,
+            'price_seed': self.price_seed,
+            'noun_tagger': self.noun_tagger,
+            'thefuzz': importlib.metadata.version('thefuzz'),
+        }
 
     @functools.cached_property
     def search_engine(self):
