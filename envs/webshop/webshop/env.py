@@ -5,7 +5,8 @@ from any page (see ``search_from_any_page``), ``click[x]`` for x among the
 current page's clickables (never ``search``), anything else a no-op with reward
 0. Buy Now ends the episode with the purchase reward. Unlike the original, the
 env counts steps and truncates at ``max_steps`` (the SPA-RL/ETO wrapper's rule:
-reward 0 unless that step was a purchase).
+reward 0 unless that step was a purchase). Stepping an ended episode raises
+``RuntimeError`` (the original would still run a search from the done page).
 
 ``info`` of every step and reset:
 
