@@ -14,6 +14,14 @@ Anserini's default English analyzer) and searched with pyserini's defaults:
   are summed in double and cast to float;
 * ranking: `SimpleSearcher` sorts by score, then by document id string (`BREAK_SCORE_TIES_BY_DOCID`),
   and keeps the first k; its final 4-decimal rounding of scores does not reorder hits.
+
+Checked against Lucene 9.9.1 (pyserini 1.6.0's Anserini 1.7.1) on the real 1k catalogue: every document's
+term stream equals the reference index's, all 129,675 (query, document) scores of 303 human instructions
+are bit-identical to `IndexSearcher`'s, and the top-50 lists of 3,615 queries (all 415 synthetic
+instructions, 2,000 human instructions, 1,000 random keyword queries, 200 titles) are identical to
+`LuceneSearcher.search(q, k=50)`'s. Speed on the 2-core CPU machine (1,000 products, shared and loaded):
+build 0.5 s (1.1 s in a fresh process, filling the stemmer and token caches), query median 0.1 ms,
+p90 0.2 ms (`bench/lucene_bm25_bench.py`).
 """
 
 import math
@@ -115,7 +123,9 @@ class LuceneBM25Index:
         term_of_posting, self._doc = np.divmod(pairs, num_docs)
         doc_freq = np.bincount(term_of_posting, minlength=len(self._term_id))
         self._start = [0, *np.cumsum(doc_freq).tolist()]
-        self._idf = np.array([lucene_idf(n, self.doc_count) for n in doc_freq.tolist()], dtype=np.float32)
+        distinct_doc_freqs, of_term = np.unique(doc_freq, return_inverse=True)
+        self._idf = np.array([lucene_idf(n, self.doc_count) for n in distinct_doc_freqs.tolist()],
+                             dtype=np.float32)[of_term]
         self._tf_norm = tf.astype(np.float32) * norm_inverse_d[self._doc]
         idf_per_posting = self._idf[term_of_posting]
         self._unit_scores = idf_per_posting - idf_per_posting / (np.float32(1) + self._tf_norm)
@@ -145,7 +155,10 @@ class LuceneBM25Index:
         return matched, total[matched].astype(np.float32)
 
     def scores(self, query: str) -> np.ndarray:
-        """float32 BM25 score of every document for `query` (pyserini's `hit.score`), NaN where nothing matched."""
+        """Lucene's float32 BM25 score of every document for `query`, NaN where no query term occurs.
+
+        (pyserini's `hit.score` is this value rounded to 4 decimals.)
+        """
         matched, matched_scores = self._matched_scores(query)
         scores = np.full(len(self.doc_ids), np.nan, dtype=np.float32)
         scores[matched] = matched_scores
