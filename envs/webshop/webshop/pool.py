@@ -232,11 +232,11 @@ class EnvPool:
             mine = [(env_id - block.start, *requests[env_id]) for env_id in block if env_id in requests]
             if not mine:
                 continue
+            pending[w] = [block.start + slot for slot, *_ in mine]
             try:
                 self._workers[w].conn.send((command, mine))
-                pending[w] = [block.start + slot for slot, *_ in mine]
             except OSError:
-                pending[w] = [block.start + slot for slot, *_ in mine]
+                pass  # a dead worker: the gather below sees its closed pipe and reports it
         results, failures = {}, {}
         deadline = time.monotonic() + self.step_timeout_s
         while len(results) + len(failures) < len(pending):
