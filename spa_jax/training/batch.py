@@ -34,13 +34,19 @@ TOKEN_KEYS = ("tokens_bt", "positions_bt", "loss_mask_bt", "step_id_bt")
 STEP_KEYS = ("step_start_idx_bs", "step_end_idx_bs", "step_mask_bs")
 
 
-def check_has_agent_tokens(loss_mask_bt, *, where: str = "batch") -> None:
-  """Raises ValueError when `loss_mask_bt` marks no agent token (a silent zero loss otherwise)."""
-  if not np.any(np.asarray(loss_mask_bt) > 0):
-    raise ValueError(
-        f"{where} has no agent (action) tokens: loss_mask_bt is all zero, so the loss would be 0. "
-        "Check that the chat template's assistant mask covers the action turns and that the "
-        "sequences were not truncated before the first action.")
+def check_has_agent_tokens(loss_mask_bt, *, where: str = "batch", per_row: bool = False) -> None:
+  """Raises ValueError when `loss_mask_bt` marks no agent (action) token, which would silently
+  give a zero loss; with `per_row`, every row (sample) must have agent tokens."""
+  mask_bt = np.asarray(loss_mask_bt) > 0
+  fix = ("Check that the chat template's assistant mask covers the action turns and that the "
+         "sequences were not truncated before the first action.")
+  if not mask_bt.any():
+    raise ValueError(f"{where} has no agent (action) tokens: loss_mask_bt is all zero, so the "
+                     f"loss would be 0. {fix}")
+  empty_rows = np.flatnonzero(~mask_bt.reshape(mask_bt.shape[0], -1).any(axis=1))
+  if per_row and empty_rows.size:
+    raise ValueError(f"{where}: rows {empty_rows[:10].tolist()} ({empty_rows.size} in all) have no "
+                     f"agent (action) tokens. {fix}")
 
 
 def steps_from_action_mask(action_mask_t: Sequence[int], *, max_steps: int):

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from spa_jax.training.batch import token_logprobs
+from spa_jax.training.stats import masked_mean, pearson
 from spa_jax.training.sum_count import SumCount, masked_sum_count
 
 
@@ -34,6 +35,20 @@ def progress_loss(step_values_bs: jax.Array, step_mask_bs: jax.Array,
   error_b = final_reward_b - predicted_returns(step_values_bs, step_mask_bs)
   has_steps_b = jnp.any(step_mask_bs > 0, axis=-1)
   return masked_sum_count(error_b * error_b, has_steps_b)
+
+
+def progress_metrics(step_values_bs: jax.Array, step_mask_bs: jax.Array,
+                     final_reward_b: jax.Array) -> dict[str, jax.Array]:
+  """Held-out quality of the estimator over trajectories with steps: MSE of sum_s c_s against R,
+  their Pearson correlation, and the mean prediction and outcome."""
+  predicted_b = predicted_returns(step_values_bs, step_mask_bs)
+  has_steps_b = jnp.any(step_mask_bs > 0, axis=-1)
+  return {
+      "mse": masked_mean(jnp.square(final_reward_b - predicted_b), has_steps_b),
+      "pearson": pearson(predicted_b, final_reward_b, has_steps_b),
+      "mean_predicted": masked_mean(predicted_b, has_steps_b),
+      "mean_reward": masked_mean(final_reward_b, has_steps_b),
+  }
 
 
 def ppo_policy_loss(logp_new_bt: jax.Array, logp_old_bt: jax.Array, advantages_bt: jax.Array,

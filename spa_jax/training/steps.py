@@ -86,22 +86,19 @@ def summarize(metrics: dict[str, SumCount]) -> Metrics:
   return {name: value.mean() for name, value in metrics.items()}
 
 
-def _shardings_of(tree: Any) -> Any:
-  return jax.tree.map(lambda x: x.sharding, tree)
-
-
-def _constrain_to(tree: Any, shardings: Any) -> Any:
-  """Pin a traced tree onto the (named) shardings the input state had."""
+def _constrain_to(tree: Any, shardings: list[Any]) -> Any:
+  """Pin a traced tree's leaves onto the (named) shardings the input state's leaves had."""
   def pin(x, sharding):
     if isinstance(sharding, jax.sharding.NamedSharding):
       return jax.lax.with_sharding_constraint(x, sharding)
     return x
-  return jax.tree.map(pin, tree, shardings)
+  leaves, treedef = jax.tree.flatten(tree)
+  return jax.tree.unflatten(treedef, [pin(x, s) for x, s in zip(leaves, shardings, strict=True)])
 
 
 def _jit_update(step_fn, state_template):
   """jit `step_fn(state, batch)` with the state donated and kept on its input shardings."""
-  shardings = _shardings_of(state_template)
+  shardings = [x.sharding for x in jax.tree.leaves(state_template)]
 
   def pinned(state, batch):
     new_state, metrics = step_fn(state, batch)

@@ -48,6 +48,9 @@ def test_check_has_agent_tokens():
   tb.check_has_agent_tokens(np.array([[0, 1]]))
   with pytest.raises(ValueError, match="no agent"):
     tb.check_has_agent_tokens(np.zeros((2, 3)), where="SFT dataset")
+  tb.check_has_agent_tokens(np.array([[0, 1], [0, 0]]))  # a padding row is fine batch-wide
+  with pytest.raises(ValueError, match=r"rows \[1\]"):
+    tb.check_has_agent_tokens(np.array([[0, 1], [0, 0]]), per_row=True)
 
 
 def test_token_logprobs_are_shifted_by_one():

@@ -36,6 +36,22 @@ def test_progress_loss_with_one_step_trajectory_and_padding():
                              rtol=1e-6)
 
 
+def test_progress_metrics():
+  # sums: row 0 = 0.5 (R 1), row 1 = 0.7 (R 0.5), row 2 = 0.1 (R 0), row 3 has no steps (ignored)
+  # MSE = (0.25 + 0.04 + 0.01) / 3 = 0.1
+  # Pearson: pred (0.5, 0.7, 0.1) - 0.4333 = (0.0667, 0.2667, -0.3333);
+  #          R (1, 0.5, 0) - 0.5 = (0.5, 0, -0.5); cov*3 = 0.0333 + 0.1667 = 0.2;
+  #          |pred|^2 = 0.004444 + 0.071111 + 0.111111 = 0.186667, |R|^2 = 0.5
+  #          r = 0.2 / sqrt(0.186667 * 0.5) = 0.654654
+  values_bs = jnp.array([[0.2, 0.3], [0.7, 9.0], [0.1, 9.0], [9.0, 9.0]])
+  mask_bs = jnp.array([[1.0, 1.0], [1.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
+  metrics = losses.progress_metrics(values_bs, mask_bs, jnp.array([1.0, 0.5, 0.0, 0.7]))
+  np.testing.assert_allclose(metrics["mse"], 0.1, rtol=1e-5)
+  np.testing.assert_allclose(metrics["pearson"], 0.654654, rtol=1e-5)
+  np.testing.assert_allclose(metrics["mean_predicted"], 1.3 / 3, rtol=1e-5)
+  np.testing.assert_allclose(metrics["mean_reward"], 0.5, rtol=1e-5)
+
+
 def test_ppo_policy_loss_hand_cases():
   # eps = 0.2; per token (ratio, A) -> max(-A r, -A clip(r)):
   #  (1.5, +1): max(-1.5, -1.2) = -1.2 (clipped)   (0.5, +1): max(-0.5, -0.8) = -0.5

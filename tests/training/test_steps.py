@@ -109,10 +109,14 @@ def test_progress_step_fits_trajectory_returns():
   assert float(jnp.mean((sums_b - batch["final_reward_b"]) ** 2)) < losses[0]
 
 
-def _ppo_setup(cfg):
+PPO_CONFIG = steps.PPOConfig(num_micro_batches=2, entropy_coef=0.01)
+PPO_TX = adamw(1e-3)  # shared so that fresh states hit the compiled step's cache
+
+
+def _ppo_setup():
   batch = as_jnp(toy_trajectories())
-  policy = create_train_state(tiny_llama(0), adamw(1e-3))
-  critic = create_train_state(value_model(1), adamw(1e-3))
+  policy = create_train_state(tiny_llama(0), PPO_TX)
+  critic = create_train_state(value_model(1), PPO_TX)
   reference = create_train_state(tiny_llama(0), optax.set_to_zero())
   old_logp_bt = steps.forward_logprobs(policy, batch, num_micro_batches=2)
   ref_logp_bt = steps.forward_logprobs(reference, batch)
@@ -127,24 +131,28 @@ def _ppo_setup(cfg):
   ppo_batch = batch | {"old_logp_bt": old_logp_bt, "old_values_bs": old_values_bs,
                        "advantages_bt": targets["advantages_bt"],
                        "returns_bs": targets["returns_bs"]}
-  state = steps.PPOState(policy=policy, critic=critic)
-  return state, ppo_batch, targets
+  return steps.PPOState(policy=policy, critic=critic), ppo_batch, targets
 
 
-def test_ppo_step_improves_advantaged_tokens_and_fits_critic():
-  cfg = steps.PPOConfig(num_micro_batches=2, entropy_coef=0.01)
-  state, batch, targets = _ppo_setup(cfg)
+@pytest.fixture(scope="module")
+def ppo_step():
+  """One compiled PPO step shared by the PPO tests (fresh states come from `_ppo_setup`)."""
+  state, _, _ = _ppo_setup()
+  return steps.make_ppo_step(state, PPO_CONFIG)
+
+
+def test_ppo_step_improves_advantaged_tokens_and_fits_critic(ppo_step):
+  state, batch, targets = _ppo_setup()
   # same policy as the reference: every KL term is 0, rewards are the task rewards
   np.testing.assert_allclose(targets["kl_bs"], 0.0, atol=1e-6)
   mask = batch["loss_mask_bt"]
   adv_sum = float(jnp.sum(targets["advantages_bt"] * mask))
   np.testing.assert_allclose(adv_sum, 0.0, atol=1e-4)  # whitened over agent tokens
-  step = steps.make_ppo_step(state, cfg)
-  state, first = step(state, batch)
+  state, first = ppo_step(state, batch)
   np.testing.assert_allclose(first["ratio"], 1.0, rtol=1e-5)  # old log-probs = current policy
   assert float(first["clip_frac"]) == 0.0 and float(first["skipped"]) == 0.0
   for _ in range(3):
-    state, metrics = step(state, batch)
+    state, metrics = ppo_step(state, batch)
   assert float(metrics["value_loss"]) < float(first["value_loss"])
   assert float(metrics["policy_loss"]) < float(first["policy_loss"])
   new_logp_bt = steps.forward_logprobs(state.policy, batch)
@@ -154,11 +162,13 @@ def test_ppo_step_improves_advantaged_tokens_and_fits_critic():
   assert int(state.policy.step) == 4 and int(state.critic.step) == 4
 
 
-def test_ppo_step_skips_batch_with_large_ratio():
-  cfg = steps.PPOConfig(max_mean_ratio=0.5)  # the first ratio is 1 > 0.5: skip
-  state, batch, _ = _ppo_setup(cfg)
+def test_ppo_step_skips_batch_with_large_ratio(ppo_step):
+  state, batch, _ = _ppo_setup()
+  # old log-probs 5 nats below the current policy: ratio e^5 = 148 > max_mean_ratio 10
+  batch = batch | {"old_logp_bt": batch["old_logp_bt"] - 5.0}
   before = jax.tree.map(np.array, state)
-  state, metrics = steps.make_ppo_step(state, cfg)(state, batch)
+  state, metrics = ppo_step(state, batch)
   assert float(metrics["skipped"]) == 1.0
+  np.testing.assert_allclose(metrics["ratio"], np.exp(5.0), rtol=1e-4)
   for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state)):
     np.testing.assert_array_equal(a, b)
