@@ -7,7 +7,7 @@ EnglishPossessiveFilter (trailing 's, ’s, ＇s removed) -> LowerCaseFilter -> 
 
 The tokenizer maps every character to a one-letter word-break class and runs a regular expression
 that transcribes the JFlex grammar of Lucene's `StandardTokenizerImpl` over the class string (a faster
-equivalent when no combining, format or joiner characters occur).
+equivalent when no combining, format or joiner characters occur, matched on the text itself when it is ASCII).
 Character classes come from `unicodedata` plus the explicit UAX#29 lists; scripts that `unicodedata`
 cannot name (Han, Hiragana, Katakana, South-East Asian) use their Unicode blocks. Hebrew-specific rules
 (WB7a-c) send the text to the general (slower) pattern.
@@ -73,7 +73,6 @@ def _in_ranges(code: int, ranges) -> bool:
     return any(lo <= code <= hi for lo, hi in ranges)
 
 
-@functools.cache
 def word_break_class(char: str) -> str:
     """The one-letter word-break class of a character (see the table above)."""
     code, category = ord(char), unicodedata.category(char)
@@ -115,7 +114,7 @@ def word_break_class(char: str) -> str:
         return 'C' if category[0] in 'LN' else '.'
     if _in_ranges(code, _HIRAGANA_RANGES):
         return 'I'
-    if category == 'Lo' and 0x05D0 <= code <= 0x05F2 or 0xFB1D <= code <= 0xFB4F and category == 'Lo':
+    if category == 'Lo' and (0x05D0 <= code <= 0x05F2 or 0xFB1D <= code <= 0xFB4F):
         return 'H'
     if category in ('Lu', 'Ll', 'Lt', 'Lm', 'Lo', 'Nl') or _in_ranges(code, _EXTRA_LETTER_RANGES):
         return 'A'
@@ -141,7 +140,8 @@ def _general_token_pattern() -> re.Pattern:
 
 
 def _plain_token_pattern(char_class: dict[str, str], with_other_scripts: bool) -> re.Pattern:
-    """The same rules for text without combining, format or joiner characters, written to backtrack little.
+    """The same rules for text without Extend, Format or ZWJ characters and without Hebrew letters
+    (so no WB4 or WB7a-c), written to backtrack little.
 
     `char_class` maps each class letter to a regular-expression character set; `with_other_scripts`
     adds the rules for Katakana, emoji, Han, Hiragana and South-East Asian scripts.
@@ -165,7 +165,7 @@ _PLAIN_TOKEN = _plain_token_pattern(_CLASS_LETTERS, with_other_scripts=True)
 _ASCII_TOKEN = _plain_token_pattern(
     {**_CLASS_LETTERS, 'A': 'A-Za-z', 'D': '0-9', 'M': ':', 'N': ',;', 'B': ".'", 'U': '_'}, with_other_scripts=False)
 _GENERAL_TOKEN = _general_token_pattern()
-_GENERAL_ONLY_CLASSES = re.compile('[XZVFQHW]')
+_GENERAL_ONLY_CLASSES = re.compile('[XZVFQH]')   # a double quote matters only after H
 
 
 class _ClassTable(dict):
