@@ -101,11 +101,26 @@ def apply_rope(x_btnh: jax.Array, cos_bth: jax.Array, sin_bth: jax.Array) -> jax
   return x_btnh * cos + rotated * sin
 
 
-def _attention_impl(cfg: LlamaConfig) -> str:
+def _attention_impl(cfg: LlamaConfig, has_mask: bool) -> str:
+  """"auto": cuDNN flash attention on GPU for bf16/fp16 without a padding mask, else XLA."""
   if cfg.attention_impl != "auto":
     return cfg.attention_impl
   fast_dtype = cfg.compute_jnp_dtype in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-  return "cudnn" if jax.default_backend() == "gpu" and fast_dtype else "xla"
+  return "cudnn" if jax.default_backend() == "gpu" and fast_dtype and not has_mask else "xla"
+
+
+def causal_attention(q_btnh, k_btkh, v_btkh, attn_mask_bt, cfg: LlamaConfig) -> jax.Array:
+  """Causal GQA over one sequence chunk; `attn_mask_bt` (1 = real token) hides padding keys."""
+  impl = _attention_impl(cfg, attn_mask_bt is not None)
+  mask = None
+  if attn_mask_bt is not None:
+    b, t = attn_mask_bt.shape
+    mask = attn_mask_bt.astype(bool)[:, None, None, :]
+    if impl == "cudnn":  # cuDNN wants the bias/mask sequence dims in full
+      mask = jnp.broadcast_to(mask, (b, 1, t, t))
+  return jax.nn.dot_product_attention(
+      q_btnh, k_btkh, v_btkh, mask=mask, is_causal=True, implementation=impl
+  )
 
 
 class Attention(nnx.Module):
@@ -131,11 +146,7 @@ class Attention(nnx.Module):
     k_btkh = apply_rope(k_btkh, cos_bth, sin_bth)
 
     if cache is None:
-      mask_b11s = None if attn_mask_bt is None else attn_mask_bt.astype(bool)[:, None, None, :]
-      out_btnh = jax.nn.dot_product_attention(
-          q_btnh, k_btkh, v_btkh, mask=mask_b11s, is_causal=True,
-          implementation=_attention_impl(cfg),
-      )
+      out_btnh = causal_attention(q_btnh, k_btkh, v_btkh, attn_mask_bt, cfg)
     else:
       cache = cache.write_layer(layer, positions_bt, k_btkh, v_btkh)
       keys_bskh, values_bskh = cache.k[layer], cache.v[layer]
@@ -194,7 +205,8 @@ class Llama(nnx.Module):
   `logits_btv = model.logits_from_hidden(hidden_btd)` (in the compute dtype).
 
   Without a cache: causal attention over the given tokens; `attn_mask_bt` (1 = real token)
-  hides padding keys. With a cache: the new K/V are written at each row's `positions_bt` and each
+  hides padding keys. Right-padded rows need no mask (causality already hides trailing padding
+  from real tokens) and keep the fast cuDNN path on GPU; left-padded rows need it. With a cache: the new K/V are written at each row's `positions_bt` and each
   query sees cache slots with position <= its own (see `kv_cache.py` for the invariant).
   """
 

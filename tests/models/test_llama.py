@@ -106,6 +106,16 @@ def test_left_padding_mask_matches_unpadded(micro_model):
   np.testing.assert_allclose(padded_logits[:, pad:], plain_logits, atol=2e-5)
 
 
+def test_right_padding_needs_no_mask(micro_model):
+  tokens_bt = _random_tokens(2, 8, seed=4)
+  positions_bt = jnp.broadcast_to(jnp.arange(8), (2, 8))
+  mask_bt = jnp.arange(8)[None] < jnp.array([[8], [5]])
+  masked, _, _ = jit_call(micro_model, tokens_bt, positions_bt, attn_mask_bt=mask_bt)
+  unmasked, _, _ = jit_call(micro_model, tokens_bt, positions_bt)
+  np.testing.assert_allclose(unmasked[1, :5], masked[1, :5], atol=1e-6)
+  np.testing.assert_allclose(unmasked[0], masked[0], atol=1e-6)
+
+
 def test_remat_gives_same_values_and_grads(micro_model, micro_cfg):
   tokens_bt = _random_tokens(2, 6, seed=3)
   positions_bt = jnp.broadcast_to(jnp.arange(6), (2, 6))
@@ -124,7 +134,7 @@ def test_remat_gives_same_values_and_grads(micro_model, micro_cfg):
 
 
 def test_bf16_compute_path(micro_cfg):
-  cfg = micro_cfg.replace(param_dtype="bfloat16", dtype="bfloat16")
+  cfg = micro_cfg.replace(param_dtype="bfloat16", dtype="bfloat16", num_layers=1)
   model = _make(cfg)
   logits_btv, hidden_btd, _ = jit_call(model, _random_tokens(1, 5), jnp.arange(5)[None])
   assert logits_btv.dtype == jnp.bfloat16 and hidden_btd.dtype == jnp.bfloat16
