@@ -19,9 +19,9 @@ Checked against Lucene 9.9.1 (pyserini 1.6.0's Anserini 1.7.1) on the real 1k ca
 term stream equals the reference index's, all 129,675 (query, document) scores of 303 human instructions
 are bit-identical to `IndexSearcher`'s, and the top-50 lists of 3,615 queries (all 415 synthetic
 instructions, 2,000 human instructions, 1,000 random keyword queries, 200 titles) are identical to
-`LuceneSearcher.search(q, k=50)`'s. Speed on the 2-core CPU machine (1,000 products, shared and loaded):
-build 0.5 s (1.1 s in a fresh process, filling the stemmer and token caches), query median 0.1 ms,
-p90 0.2 ms (`bench/lucene_bm25_bench.py`).
+`LuceneSearcher.search(q, k=50)`'s. Speed on the shared 2-core CPU machine (1,000 products): build
+0.3-0.5 s (0.4-0.6 s in a fresh process, which also fills the stemmer and token caches), query median
+0.08-0.1 ms, p90 0.15-0.2 ms (`bench/lucene_bm25_bench.py`; ranges over runs at different machine load).
 """
 
 import math
