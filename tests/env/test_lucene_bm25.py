@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from webshop import english_analyzer, search
+from webshop.expert import instruction_request
 from webshop.english_analyzer import analyze, tokenize
 from webshop.lucene_bm25 import LuceneBM25Index, byte4_to_int, int_to_byte4, lucene_idf
 from webshop.porter_stemmer import porter_stem
@@ -236,6 +237,16 @@ def test_scores_and_ranking_equal_lucenes_on_a_hand_made_corpus(lucene, tmp_path
         assert sorted(expected) == matched.tolist(), query        # Lucene doc numbers = insertion order
         assert [float(scores[d]) for d in sorted(expected)] == [expected[d] for d in sorted(expected)], query
         assert ours.top_k(query, 50) == [hit.docid for hit in pyserini.search(query, 50)], query
+
+
+@pytest.mark.slow
+def test_embedded_catalogue_top50_identical_to_pyserini(lucene, embedded):
+    pyserini = lucene.pyserini_searcher(embedded.search_engine.index_dir)
+    index = LuceneBM25Index.from_products(embedded.products)
+    queries = [goal['instruction_text'] for goal in embedded.goals[:200]]
+    queries += [instruction_request(goal['instruction_text']) for goal in embedded.goals[200:400]]
+    differing = [q for q in queries if index.search(q) != [hit.docid for hit in pyserini.search(q, 50)]]
+    assert differing == [], f'{len(differing)} of {len(queries)} top-50 lists differ, e.g. {differing[:3]}'
 
 
 @pytest.mark.slow
