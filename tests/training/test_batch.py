@@ -4,7 +4,9 @@ import numpy as np
 import jax.numpy as jnp
 import pytest
 
+from spa_jax.sharding import make_mesh
 from spa_jax.training import batch as tb
+from spa_jax.training.global_batch import to_global_batch
 
 
 def test_steps_from_action_mask_two_steps():
@@ -76,3 +78,13 @@ def test_step_token_helpers():
   np.testing.assert_allclose(tb.steps_to_tokens(jnp.array([[7.0, 8.0, 9.0]]), step_id_bt),
                              [[0.0, 7.0, 7.0, 0.0, 8.0, 0.0]])
   np.testing.assert_allclose(tb.gather_steps(x_bt, jnp.array([[2, 4, -1]])), [[2.0, 4.0, 10.0]])
+
+
+def test_to_global_batch_single_process():
+  mesh = make_mesh()
+  local = tb.make_trajectory_batch([[5, 6, 7]], [[0, 1, 1]], seq_len=4, max_steps=2)
+  global_batch = to_global_batch(local, mesh)
+  for name, x in local.items():
+    np.testing.assert_array_equal(np.asarray(global_batch[name]), x)
+  with pytest.raises(ValueError, match="leading"):
+    to_global_batch({"a": np.zeros((2, 3)), "b": np.zeros((3,))}, mesh)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from spa_jax.training import gae, kl
+from spa_jax.training.ppo_targets import ppo_targets
 
 
 def _reference_gae(rewards, values, mask, gamma, lam):
@@ -90,3 +91,23 @@ def test_kl_controllers():
   assert fixed.update(fixed.initial(), 100.0, 32) == 0.05
   with pytest.raises(ValueError, match="kl_target"):
     kl.make_kl_controller("adaptive", init=0.3)
+
+
+def test_ppo_targets_hand_computed():
+  # tokens 1-2 = action 0, token 4 = action 1. Per-token log pi - log ref = (0.5, -1 | 0.5):
+  # KL = (-0.5, 0.5). Task rewards (0.2, 1.0), kl_coef 0.2 -> shaped (0.2 + 0.1, 1.0 - 0.1)
+  # = (0.3, 0.9). V = (0.5, 0.4), gamma = lam = 1: A1 = 0.9 - 0.4 = 0.5,
+  # delta0 = 0.3 + 0.4 - 0.5 = 0.2, A0 = 0.2 + 0.5 = 0.7; returns (1.2, 0.9).
+  batch = {"step_id_bt": jnp.array([[-1, 0, 0, -1, 1]]),
+           "loss_mask_bt": jnp.array([[0.0, 1.0, 1.0, 0.0, 1.0]]),
+           "step_mask_bs": jnp.array([[1.0, 1.0, 0.0]])}
+  out = ppo_targets(batch, old_logp_bt=jnp.array([[0.0, -1.0, -2.0, 0.0, -0.5]]),
+                    ref_logp_bt=jnp.array([[0.0, -1.5, -1.0, 0.0, -1.0]]),
+                    old_values_bs=jnp.array([[0.5, 0.4, 9.0]]),
+                    task_rewards_bs=jnp.array([[0.2, 1.0, 0.0]]), kl_coef=jnp.float32(0.2),
+                    gamma=1.0, lam=1.0, whiten_advantages=False)
+  np.testing.assert_allclose(out["kl_bs"], [[-0.5, 0.5, 0.0]], atol=1e-6)
+  np.testing.assert_allclose(out["rewards_bs"], [[0.3, 0.9, 0.0]], atol=1e-6)
+  np.testing.assert_allclose(out["returns_bs"], [[1.2, 0.9, 0.0]], atol=1e-6)
+  np.testing.assert_allclose(out["advantages_bt"], [[0.0, 0.7, 0.7, 0.0, 0.5]], atol=1e-6)
+  np.testing.assert_allclose(out["mean_kl"], 0.0, atol=1e-6)
