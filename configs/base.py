@@ -3,7 +3,8 @@
 Configs are data. Each stage file (`configs/<stage>.py`) builds on this one and adds the sections
 of the stages it depends on, so one file describes the whole chain up to its stage.
 Presets: `tiny` (default: embedded catalogue, tiny model, CPU) and the real-model presets below,
-which need `env.data_dir` and `model.hf_path` set on the command line.
+which need `env.data_dir` and `model.hf_path` set on the command line. `llama3.2-3b-tpu` is
+llama3.2-3b FSDP-sharded over every chip of a TPU slice (one process per host).
 """
 
 import ml_collections
@@ -13,6 +14,10 @@ from spa_jax.configuration import REAL_MODEL_PRESETS
 
 TINY = "tiny"
 PRESETS = (TINY, *REAL_MODEL_PRESETS)
+TPU_PRESETS = {"llama3.2-3b-tpu": "llama3.2-3b"}  # preset -> spa_jax.models.LlamaConfig preset
+# The tiny model: C's "tiny" preset cut to a size whose SFT takes minutes on 2 CPU cores.
+TINY_ARCH = dict(hidden_size=128, intermediate_size=352, num_layers=2, num_heads=2, num_kv_heads=1,
+                 head_dim=64)
 
 
 def check_preset(preset: str) -> str:
@@ -48,11 +53,16 @@ def get_base_config(preset: str = TINY) -> ml_collections.ConfigDict:
       eval_split="paper_test" if real else "test",
       max_steps=10,
       observation_mode="text",  # "text" | "text_rich"
+      search_backend="",  # "" (the env's default), or a webshop search backend name, e.g. "bm25"
       num_envs=32 if real else 8,  # live episodes per process
       pool_workers=8 if real else 2,
   ))
   cfg.model = ml_collections.ConfigDict(dict(
-      preset=preset,  # spa_jax.models.LlamaConfig preset name
+      preset=TPU_PRESETS.get(preset, preset),  # spa_jax.models.LlamaConfig preset name
+      # Architecture overrides of the preset (None: the preset's value); ignored with hf_path.
+      arch=ml_collections.ConfigDict({
+          name: config_dict.FieldReference(None if real else value, field_type=int)
+          for name, value in TINY_ARCH.items()}),
       hf_path=config_dict.placeholder(str),  # HF weights dir; required for real presets
       dtype="bfloat16" if real else "float32",  # activations
       param_dtype="float32",
@@ -61,14 +71,16 @@ def get_base_config(preset: str = TINY) -> ml_collections.ConfigDict:
   cfg.tokenizer = ml_collections.ConfigDict(dict(
       kind="hf" if real else "sentencepiece",  # "hf" (from model.hf_path) | "sentencepiece"
       path=config_dict.placeholder(str),  # defaults to model.hf_path (hf) or the workspace (sp)
-      vocab_size=1024,  # sentencepiece only: trained on the embedded catalogue's texts
+      vocab_size=4096,  # sentencepiece only: trained on the catalogue's texts; the model's vocab follows it
   ))
   cfg.agent = ml_collections.ConfigDict(dict(
-      one_shot=True,  # include the demonstration exchange after the instruction
+      one_shot=real,  # include the demonstration exchange after the instruction (~1.1k tokens)
       history_window=0,  # 0 keeps every observation; K > 0 elides all but the last K
       max_context=4096 if real else 2048,  # tokens; an episode past it ends with context_limit
   ))
-  cfg.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # -1: all remaining devices
+  # -1: all remaining devices. TPU: FSDP over every chip of the slice.
+  cfg.mesh = ml_collections.ConfigDict(
+      dict(data=1, fsdp=-1, tensor=1) if preset in TPU_PRESETS else dict(data=-1, fsdp=1, tensor=1))
   cfg.distributed = ml_collections.ConfigDict(dict(
       initialize="auto",  # "auto" (when env/config name a coordinator) | "always" | "never"
       coordinator_address=config_dict.placeholder(str),

@@ -1,5 +1,6 @@
-"""Greedy evaluation of the SFT and PPO policies on the eval split; spa-rl.md §4 and §5.
+"""Greedy evaluation of policies on the eval split; spa-rl.md §4 and §5.
 
+Policies: "untrained", "sft", "ppo_<mode>" for each mode in ppo.reward_modes.
 This is the default config of `python -m spa_jax.main`: the whole chain up to eval.
 """
 
@@ -12,10 +13,11 @@ from spa_jax.configuration import load_sibling
 def eval_section(preset: str) -> ml_collections.ConfigDict:
   real = load_sibling(__file__, "base").is_real(preset)
   return ml_collections.ConfigDict(dict(
-      policies="sft,ppo",  # comma-separated; each one is evaluated and reported
+      # comma-separated; each one is evaluated and reported (the untrained row is cheap on tiny)
+      policies="sft,ppo_sparse,ppo_spa" if real else "untrained,sft,ppo_sparse,ppo_spa",
       temperature=0.0,
       top_p=1.0,
-      max_new_tokens=512 if real else 64,
+      max_new_tokens=512 if real else 96,
       max_tasks=config_dict.placeholder(int) if real else 16,  # None: the whole eval split
   ))
 
@@ -23,5 +25,4 @@ def eval_section(preset: str) -> ml_collections.ConfigDict:
 def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
   cfg = load_sibling(__file__, "ppo").get_config(preset)
   cfg.run.targets = "eval"
-  cfg.eval = eval_section(cfg.preset)
   return cfg

@@ -12,8 +12,9 @@ def explore_section(preset: str) -> ml_collections.ConfigDict:
       samples_per_task=5 if real else 2,
       temperature=1.0,
       top_p=1.0,
-      max_new_tokens=512 if real else 64,
+      max_new_tokens=512 if real else 96,
       max_tasks=config_dict.placeholder(int) if real else 16,  # None: the whole train split
+      array_record=False,  # also write a tensorflow-datasets ArrayRecord copy (arrayrecord/explore)
   ))
 
 

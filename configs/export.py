@@ -8,7 +8,7 @@ from spa_jax.configuration import load_sibling
 
 def export_section() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
-      policy="ppo",  # "sft" | "ppo"
+      policy="ppo_spa",  # "untrained" | "sft" | "ppo_<mode>"
       out_dir=config_dict.placeholder(str),  # default: <workspace>/export/hf
   ))
 

@@ -22,6 +22,8 @@ def sft_section(preset: str) -> ml_collections.ConfigDict:
       weight_decay=0.0,
       max_len=4096 if real else 2048,
       grad_checkpointing=real,
+      checkpoint_every=200 if real else 10,  # optimizer steps between Orbax checkpoints (resume points)
+      keep_checkpoints=2,
   ))
 
 

@@ -9,7 +9,9 @@ import ml_collections
 
 CONFIGS_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
 STAGES = ("sft", "explore", "prm", "label", "ppo", "eval", "export")
-POLICY_STAGES = ("sft", "ppo")
+# Reward modes of the ppo stage (spa_jax.training.rewards.REWARD_MODES); mode m trains policy "ppo_<m>".
+REWARD_MODES = ("spa", "sparse", "grounding_only")
+UNTRAINED = "untrained"  # the randomly initialised (tiny) or HF base model, before any training
 # The config sections each stage needs (its own and those of the stages it depends on).
 REQUIRED_SECTIONS = {
     "sft": ("sft",),
@@ -20,7 +22,7 @@ REQUIRED_SECTIONS = {
     "eval": ("eval",),
     "export": ("export",),
 }
-REAL_MODEL_PRESETS = ("llama3.2-1b", "llama3.2-3b", "llama3.1-8b")
+REAL_MODEL_PRESETS = ("llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "llama3.2-3b-tpu")
 # Goal splits of webshop.Catalogue.split per catalogue kind; "file:/path.json" works for both.
 SPLITS = {"embedded": ("train", "test", "all"), "dir": ("paper_train", "paper_dev", "paper_test", "all")}
 
@@ -44,6 +46,24 @@ def load_config(stage: str, preset: str = "tiny") -> ml_collections.ConfigDict:
 def split_names(csv: str) -> list[str]:
   """'sft, ppo' -> ['sft', 'ppo']."""
   return [name.strip() for name in csv.split(",") if name.strip()]
+
+
+def policy_names(cfg: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """The policies a config can produce: "untrained", "sft" and "ppo_<mode>" per ppo.reward_modes."""
+  modes = split_names(cfg.ppo.reward_modes) if "ppo" in cfg else []
+  return (UNTRAINED, "sft", *(f"ppo_{mode}" for mode in modes))
+
+
+def policy_stage(policy: str) -> str | None:
+  """The stage that writes `policy` ("sft", "ppo"), or None for the untrained model."""
+  if policy == UNTRAINED:
+    return None
+  if policy == "sft":
+    return "sft"
+  if policy.startswith("ppo_") and policy.removeprefix("ppo_") in REWARD_MODES:
+    return "ppo"
+  raise ValueError(f"Unknown policy {policy!r}; policies are {UNTRAINED!r}, 'sft' and "
+                   f"'ppo_<mode>' with mode in {REWARD_MODES}.")
 
 
 def _get(cfg: ml_collections.ConfigDict, path: str) -> Any:
@@ -104,12 +124,17 @@ def _section_errors(cfg) -> list[str]:
   if not split_names(cfg.run.targets):
     errors.append("config.run.targets is empty: name at least one stage, e.g. --config.run.targets=sft")
   needed = set(split_names(cfg.run.targets))
+  known = policy_names(cfg)
   if "eval" in needed and "eval" in cfg:
-    _stage_names(errors, cfg, "eval.policies", POLICY_STAGES)
-    needed |= set(split_names(cfg.eval.policies))
+    bad = [p for p in split_names(cfg.eval.policies) if p not in known]
+    if bad:
+      errors.append(f"config.eval.policies: unknown policy name(s) {bad}; known: {known} "
+                    "(ppo_<mode> needs the mode in config.ppo.reward_modes)")
+    needed |= {policy_stage(p) for p in split_names(cfg.eval.policies) if p in known} - {None}
   if "export" in needed and "export" in cfg:
-    _choice(errors, cfg, "export.policy", POLICY_STAGES)
-    needed.add(cfg.export.policy)
+    _choice(errors, cfg, "export.policy", known)
+    if cfg.export.policy in known:
+      needed |= {policy_stage(cfg.export.policy)} - {None}
   for stage in sorted(needed & set(STAGES)):
     missing = [s for s in REQUIRED_SECTIONS[stage] if s not in cfg]
     if missing:
@@ -132,6 +157,8 @@ def _value_errors(cfg) -> list[str]:
     _split(errors, cfg, path)
   _choice(errors, cfg, "model.dtype", ("float32", "bfloat16", "float16"))
   _choice(errors, cfg, "model.param_dtype", ("float32", "bfloat16"))
+  for field in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
+    _check(errors, cfg, f"model.arch.{field}", lambda v: v is None or v >= 1, "None (the preset's) or >= 1")
   _at_least(errors, cfg, "model.lora.rank", 1)
   _positive(errors, cfg, "model.lora.alpha")
   if cfg.model.preset in REAL_MODEL_PRESETS:
@@ -166,6 +193,12 @@ def _value_errors(cfg) -> list[str]:
   _at_least(errors, cfg, "explore.samples_per_task", 1)
   for path in ("explore.max_tasks", "eval.max_tasks", "sft.expert_episodes"):
     _check(errors, cfg, path, lambda v: v is None or v >= 1, "None (all) or >= 1")
+  if "ppo" in cfg:
+    bad = [m for m in split_names(cfg.ppo.reward_modes) if m not in REWARD_MODES]
+    if bad or not split_names(cfg.ppo.reward_modes):
+      errors.append(f"config.ppo.reward_modes={cfg.ppo.reward_modes!r}: must name one or more of {REWARD_MODES}")
+  for path in ("sft.checkpoint_every", "sft.keep_checkpoints"):
+    _at_least(errors, cfg, path, 1)
   for path in ("ppo.iterations", "ppo.rollouts_per_iteration", "ppo.mini_batch_size",
                "ppo.grad_accum", "ppo.ppo_epochs"):
     _at_least(errors, cfg, path, 1)

@@ -1,6 +1,7 @@
 """The stage graph: which stages a target needs, which are already done, and running the rest.
 
-sft <- explore <- prm <- label <- ppo;  eval <- the policies in eval.policies;  export <- export.policy.
+sft <- explore <- prm <- label <- ppo;  eval <- the stages of the policies in eval.policies;
+export <- the stage of export.policy ("sft" -> sft, "ppo_<mode>" -> ppo, "untrained" -> none).
 A stage's fingerprint hashes the config sections it reads plus its dependencies' fingerprints,
 so changing an upstream setting redoes everything downstream of it and nothing else.
 """
@@ -13,7 +14,7 @@ from typing import Callable, Mapping
 import ml_collections
 
 from spa_jax import distributed
-from spa_jax.configuration import STAGES, split_names
+from spa_jax.configuration import STAGES, policy_stage, split_names
 from spa_jax.workspace import Workspace, fingerprint
 
 StageFn = Callable[[ml_collections.ConfigDict, Workspace], dict]
@@ -27,9 +28,10 @@ def dependencies(stage: str, cfg: ml_collections.ConfigDict) -> tuple[str, ...]:
   if stage in _CHAIN:
     return _CHAIN[stage]
   if stage == "eval":
-    return tuple(split_names(cfg.eval.policies))
+    stages = [policy_stage(p) for p in split_names(cfg.eval.policies)]
+    return tuple(dict.fromkeys(s for s in stages if s))
   if stage == "export":
-    return (cfg.export.policy,)
+    return tuple(s for s in [policy_stage(cfg.export.policy)] if s)
   raise ValueError(f"Unknown stage {stage!r}; stages are {STAGES}.")
 
 

@@ -44,7 +44,7 @@ def test_default_target_runs_the_whole_chain_in_dependency_order(cfg):
   done = Workspace(cfg.workspace).done_record("eval")
   assert done["summary"]["value"] == 6
   assert set(done["inputs"]) == {"sft", "ppo"}
-  assert json.loads((Workspace(cfg.workspace).root / "eval" / "config.json").read_text())["eval"]["policies"] == "sft,ppo"
+  assert json.loads((Workspace(cfg.workspace).root / "eval" / "config.json").read_text())["eval"]["policies"] == cfg.eval.policies
 
 
 def test_current_stages_are_not_redone(cfg):
@@ -86,6 +86,15 @@ def test_target_whose_inputs_are_missing_runs_only_what_it_needs(cfg):
   cfg.run.targets = "export"
   cfg.export.policy = "sft"
   assert run(cfg, stages) == ["export"]
+  cfg.export.policy = "untrained"
+  assert pipeline.dependencies("export", cfg) == ()
+
+
+def test_eval_depends_on_the_stages_of_its_policies(cfg):
+  cfg.eval.policies = "untrained,sft,ppo_sparse,ppo_spa"
+  assert pipeline.dependencies("eval", cfg) == ("sft", "ppo")
+  cfg.eval.policies = "untrained"
+  assert pipeline.dependencies("eval", cfg) == ()
 
 
 def test_force_reruns_a_current_stage_and_its_dependents(cfg):

@@ -1,0 +1,210 @@
+"""Helpers shared by the stages: catalogue/env settings, tokenizer, model, policies, sampler, rollouts.
+
+Helpers (stage authors, E included: add yours below and list them here):
+  load_catalogue(cfg), catalogue_spec(cfg), env_kwargs(cfg), env_settings(cfg, split), split_tasks(cfg, split, max_tasks)
+  load_tokenizer(cfg, ws)                 SentencePiece trained on first use into <ws>/tokenizer/, or the HF one
+  model_config(cfg, tokenizer)            LlamaConfig: preset + model.arch (+ the tokenizer's vocab) or HF config.json
+  make_mesh(cfg)                          the (data, fsdp, tensor) mesh of config.mesh
+  init_policy(cfg, tokenizer, mesh)       (LlamaConfig, Llama): HF weights (model.hf_path) or random init (seed)
+  policy_dir(ws, name) / save_policy(ws, name, model, model_cfg) / load_policy(cfg, ws, name, tokenizer, mesh)
+                                          policies are HF directories <ws>/policies/<name>/ (LoRA merged);
+                                          names: "untrained", "sft", "ppo_<mode>" (configuration.policy_names)
+  open_pool(cfg)                          webshop.EnvPool with cfg.env.num_envs envs
+  make_sampler(cfg, model_cfg, graphdef, tokenizer, mesh)   one Sampler row per env; reuse across policies
+  rollout(cfg, ws, policy=, sampler=, params=, tasks=, ...)  batched episodes -> trajectories/<name>.p<k>.jsonl
+  stage_config_hash(cfg, stage)           hash of the config sections a stage reads (checkpoint resume guard)
+"""
+
+import contextlib
+import functools
+import logging
+import pathlib
+
+import jax
+import ml_collections
+from flax import nnx
+
+from spa_jax import distributed, pipeline
+from spa_jax.configuration import UNTRAINED
+from spa_jax.models import Llama, LlamaConfig, load_hf, save_hf
+from spa_jax.models.tokenizer import HFTokenizer, SentencePieceTokenizer, Tokenizer
+from spa_jax.rollout import agent_format as af
+from spa_jax.rollout import episodes
+from spa_jax.rollout.generate import Sampler
+from spa_jax.rollout.trajectory_store import TrajectoryWriter
+from spa_jax.sharding import create_sharded
+from spa_jax.sharding import make_mesh as _make_mesh
+from spa_jax.training.checkpoint import config_hash
+from spa_jax.workspace import Workspace
+
+POLICIES_DIR = "policies"
+TOKENIZER_DIR = "tokenizer"
+ROLLOUT_LENGTH_BUCKETS = (64, 128, 256, 512)
+
+
+# ----------------------------------------------------------------------------- environment
+
+
+@functools.cache
+def _catalogue(source: str, goals: str):
+  from webshop import Catalogue
+  return Catalogue.embedded_default() if source == "embedded" else Catalogue.from_dir(source, goals)
+
+
+def load_catalogue(cfg: ml_collections.ConfigDict):
+  """The config's webshop.Catalogue (built once per process)."""
+  return _catalogue(*_source_and_goals(cfg))
+
+
+def _source_and_goals(cfg) -> tuple[str, str]:
+  if cfg.env.catalogue == "embedded":
+    return "embedded", "synthetic"
+  return str(pathlib.Path(cfg.env.data_dir).expanduser().resolve()), cfg.env.goals
+
+
+def catalogue_spec(cfg: ml_collections.ConfigDict):
+  """The picklable catalogue name EnvPool workers rebuild it from."""
+  from webshop.pool import CatalogueSpec
+  source, goals = _source_and_goals(cfg)
+  return CatalogueSpec(source=source, goals=goals)
+
+
+def env_kwargs(cfg: ml_collections.ConfigDict) -> dict:
+  """WebShopEnv keyword arguments from config.env."""
+  kwargs = dict(observation_mode=cfg.env.observation_mode, max_steps=cfg.env.max_steps)
+  if cfg.env.search_backend:
+    kwargs["search_backend"] = cfg.env.search_backend
+  return kwargs
+
+
+def env_settings(cfg: ml_collections.ConfigDict, split: str) -> dict:
+  """What the env ran with, recorded in trajectories and reports."""
+  catalogue = load_catalogue(cfg)
+  return {"catalogue": cfg.env.catalogue, "data_dir": cfg.env.data_dir, "goals": catalogue.goal_kind,
+          "split": split, "observation_mode": cfg.env.observation_mode, "max_steps": cfg.env.max_steps,
+          "noun_tagger": catalogue.noun_tagger, "search_backend": cfg.env.search_backend or "default",
+          "seed": cfg.seed}
+
+
+def split_tasks(cfg: ml_collections.ConfigDict, split: str, max_tasks: int | None) -> list[int]:
+  """The first `max_tasks` goal indices of a split (all when None)."""
+  tasks = load_catalogue(cfg).split(split)
+  return tasks if max_tasks is None else tasks[:max_tasks]
+
+
+def open_pool(cfg: ml_collections.ConfigDict, num_envs: int | None = None):
+  """An EnvPool of `num_envs` (default config.env.num_envs) envs; use it as a context manager."""
+  from webshop import EnvPool
+  num_envs = num_envs or cfg.env.num_envs
+  return EnvPool(catalogue_spec(cfg), num_envs=num_envs, num_workers=max(1, min(cfg.env.pool_workers, num_envs)),
+                 seed=cfg.seed, **env_kwargs(cfg))
+
+
+# ----------------------------------------------------------------------------- tokenizer and model
+
+
+def tokenizer_corpus(catalogue) -> list[str]:
+  """Texts the SentencePiece tokenizer is trained on: products, instructions and the agent prompt."""
+  products = [f"{p.title}\n{p.description}\n" + "\n".join(p.bullet_points) + "\n" +
+              " ".join(v for values in p.options.values() for v in values) for p in catalogue.products]
+  goals = [goal["instruction_text"] for goal in catalogue.goals]
+  prompt = [m["content"] for m in af.prompt_messages(one_shot=True)]
+  return products + goals + prompt + [af.INVALID_FORMAT_MESSAGE, af.ELIDED_OBSERVATION]
+
+
+def load_tokenizer(cfg: ml_collections.ConfigDict, ws: Workspace) -> Tokenizer:
+  """HF tokenizer (tokenizer.path or model.hf_path), or SentencePiece: tokenizer.path if set, else
+  trained on the catalogue's texts at first use and kept in <ws>/tokenizer/ (process 0 trains it)."""
+  if cfg.tokenizer.kind == "hf":
+    return HFTokenizer(cfg.tokenizer.path or cfg.model.hf_path)
+  if cfg.tokenizer.path:
+    return SentencePieceTokenizer(cfg.tokenizer.path)
+  train = lambda: SentencePieceTokenizer.train_or_load(  # noqa: E731
+      tokenizer_corpus(load_catalogue(cfg)), ws.root / TOKENIZER_DIR, cfg.tokenizer.vocab_size)
+  if distributed.is_main_process():
+    tokenizer = train()
+  distributed.barrier("tokenizer")
+  return tokenizer if distributed.is_main_process() else train()
+
+
+def model_config(cfg: ml_collections.ConfigDict, tokenizer: Tokenizer) -> LlamaConfig:
+  """The preset with config.model.arch overrides; a trained-on-first-use tokenizer sets vocab_size."""
+  overrides = {name: value for name, value in cfg.model.arch.items() if value is not None}
+  if cfg.tokenizer.kind == "sentencepiece":
+    overrides["vocab_size"] = tokenizer.vocab_size
+  return LlamaConfig.preset(cfg.model.preset, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
+                            bos_token_id=tokenizer.bos_id, eos_token_ids=(tokenizer.eos_id,), **overrides)
+
+
+def make_mesh(cfg: ml_collections.ConfigDict) -> jax.sharding.Mesh:
+  return _make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+
+
+def init_policy(cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, mesh) -> tuple[LlamaConfig, Llama]:
+  """The starting model: HF weights from model.hf_path, or a random init from config.seed."""
+  if cfg.model.hf_path:
+    return load_hf(cfg.model.hf_path, mesh=mesh, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
+  model_cfg = model_config(cfg, tokenizer)
+  return model_cfg, create_sharded(lambda: Llama(model_cfg, rngs=nnx.Rngs(cfg.seed)), mesh)
+
+
+def policy_dir(ws: Workspace, name: str) -> pathlib.Path:
+  """<ws>/policies/<name>/: an HF Llama directory (config.json + safetensors)."""
+  return ws.root / POLICIES_DIR / name
+
+
+def save_policy(ws: Workspace, name: str, model: Llama, model_cfg: LlamaConfig) -> list[str]:
+  """Writes the policy (LoRA merged; every process calls, process 0 writes); returns its files."""
+  out = save_hf(model, model_cfg, policy_dir(ws, name))
+  distributed.barrier(f"policy-{name}")
+  return [str(path) for path in sorted(out.iterdir())]
+
+
+def load_policy(cfg: ml_collections.ConfigDict, ws: Workspace, name: str, tokenizer: Tokenizer,
+                mesh) -> tuple[LlamaConfig, Llama]:
+  """Policy `name` from the workspace ("untrained": `init_policy`)."""
+  if name == UNTRAINED:
+    return init_policy(cfg, tokenizer, mesh)
+  path = policy_dir(ws, name)
+  if not (path / "config.json").exists():
+    raise FileNotFoundError(f"No policy {name!r} in {path}: run the stage that trains it "
+                            f"(e.g. --config.run.targets={name.split('_')[0]}).")
+  return load_hf(path, mesh=mesh, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
+
+
+def stage_config_hash(cfg: ml_collections.ConfigDict, stage: str) -> str:
+  """Hash of the config sections `stage` reads: a checkpoint from another config is not resumed."""
+  return config_hash(pipeline.stage_config(stage, cfg))
+
+
+# ----------------------------------------------------------------------------- rollouts
+
+
+def make_sampler(cfg: ml_collections.ConfigDict, model_cfg: LlamaConfig, graphdef, tokenizer: Tokenizer,
+                 mesh, batch_size: int | None = None) -> Sampler:
+  """A Sampler with one row per env (config.env.num_envs) and config.agent.max_context tokens per row.
+
+  Reuse it for every policy of the same architecture: its jitted functions compile once."""
+  return Sampler(graphdef, model_cfg, tokenizer, batch_size=batch_size or cfg.env.num_envs,
+                 max_len=cfg.agent.max_context, length_buckets=ROLLOUT_LENGTH_BUCKETS, mesh=mesh)
+
+
+def rollout(cfg: ml_collections.ConfigDict, ws: Workspace, *, policy: str, sampler: Sampler, params,
+            tokenizer: Tokenizer, tasks: list[int], split: str, name: str, samples_per_task: int,
+            temperature: float, top_p: float, max_new_tokens: int, seed: int, pool=None) -> dict:
+  """Episodes of `policy` (its `params`) on this process's share of `tasks`, written to
+  trajectories/<name>.p<k>.jsonl; returns the run_episodes summary of this process's episodes.
+
+  `pool`: an open EnvPool to reuse (left open), else one is opened for the call.
+  """
+  local_tasks = distributed.process_share(tasks)
+  pool_context = contextlib.nullcontext(pool) if pool is not None else open_pool(cfg, sampler.batch_size)
+  with TrajectoryWriter(ws, name) as write, pool_context as env_pool:
+    summary = episodes.run_episodes(
+        sampler, params, env_pool, tokenizer, local_tasks, samples_per_task=samples_per_task,
+        temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+        rng=jax.random.key(seed), on_trajectory=write, one_shot=cfg.agent.one_shot,
+        history_window=cfg.agent.history_window, policy=policy, env_settings=env_settings(cfg, split),
+        show_progress=cfg.tracking.progress)
+  logging.info("rollout %s of %s: %s", name, policy, summary)
+  return summary

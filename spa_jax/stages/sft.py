@@ -1,0 +1,181 @@
+"""SFT stage: behaviour cloning of ReAct demonstrations (spa-rl.md §2.1), resumable.
+
+Data: ScriptedExpert episodes on the train split (`sft.data="expert"`), or an ETO/SPA-RL
+`webshop_sft.json` FastChat file. Each conversation is one sequence; the loss covers the agent's
+step turns only (`build_sft_example(...).step_mask`). Batches group examples of similar length
+(length buckets); their order is a pure function of (seed, epoch), so a run restored from its
+latest Orbax checkpoint (train state + step) continues exactly where it stopped.
+Writes: policies/sft/ (HF directory), checkpoints/sft/<config hash>/, metrics/sft.jsonl, plots/sft.png.
+"""
+
+import logging
+import shutil
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from spa_jax import distributed, tracking
+from spa_jax.models import Llama, apply_lora
+from spa_jax.rollout import agent_format as af
+from spa_jax.stages import common
+from spa_jax.training.batch import check_has_agent_tokens
+from spa_jax.training.checkpoint import Checkpointer
+from spa_jax.training.global_batch import to_global_batch
+from spa_jax.training.optim import OptimizerConfig, learning_rate_schedule, make_optimizer
+from spa_jax.training.steps import make_sft_step
+from spa_jax.training.train_state import abstract_train_state, create_train_state
+from spa_jax.workspace import Workspace
+
+BUCKET_MULTIPLE = 512  # sequence lengths are padded to a multiple of this (one compile per length)
+
+
+def expert_conversations(cfg: ml_collections.ConfigDict) -> list[af.Conversation]:
+  """One conversation per purchased ScriptedExpert episode on the first sft.expert_episodes train goals."""
+  from webshop import ScriptedExpert, WebShopEnv
+  from webshop.expert import run_expert_episode
+
+  catalogue = common.load_catalogue(cfg)
+  env = WebShopEnv(catalogue, **common.env_kwargs(cfg))
+  expert = ScriptedExpert(catalogue)
+  conversations = []
+  for goal in common.split_tasks(cfg, cfg.env.train_split, cfg.sft.expert_episodes):
+    steps = run_expert_episode(env, goal, expert)
+    if not steps[-1].info.get("reward_info"):
+      continue  # no purchase: not a demonstration
+    prompt = af.prompt_messages(cfg.agent.one_shot)
+    messages = list(prompt)
+    for step in steps:
+      messages += [af.user(af.observation_message(step.observation)), af.assistant(step.response)]
+    conversations.append(af.Conversation(tuple(messages), len(prompt)))
+  return conversations
+
+
+def load_examples(cfg: ml_collections.ConfigDict, tokenizer) -> tuple[list[af.SftExample], int]:
+  """(tokenised examples that fit sft.max_len, number dropped as too long); fails on no agent tokens."""
+  conversations = (expert_conversations(cfg) if cfg.sft.data == "expert"
+                   else af.read_fastchat_sft(cfg.sft.data))
+  if not conversations:
+    raise ValueError(f"SFT data {cfg.sft.data!r} gave no conversations; check sft.data / sft.expert_episodes")
+  examples = [af.build_sft_example(c, tokenizer) for c in conversations]
+  kept = [e for e in examples if len(e.ids) <= cfg.sft.max_len]
+  if not kept:
+    raise ValueError(f"every SFT example is longer than sft.max_len={cfg.sft.max_len} "
+                     f"(shortest: {min(len(e.ids) for e in examples)} tokens); raise sft.max_len")
+  check_has_agent_tokens(np.concatenate([e.step_mask for e in kept]), where="the SFT dataset")
+  return kept, len(examples) - len(kept)
+
+
+def bucket_length(length: int, max_len: int) -> int:
+  return min(max_len, -(-length // BUCKET_MULTIPLE) * BUCKET_MULTIPLE)
+
+
+def epoch_batches(lengths: list[int], batch_size: int, max_len: int, seed: int, epoch: int
+                  ) -> list[tuple[int, list[int]]]:
+  """(sequence length, example indices) per batch of one epoch: shuffled, grouped by length bucket."""
+  rng = np.random.default_rng([seed, epoch])
+  order = rng.permutation(len(lengths))
+  order = sorted(order, key=lambda i: bucket_length(lengths[i], max_len))  # stable: shuffled within buckets
+  batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+  batches = [batches[i] for i in rng.permutation(len(batches))]
+  return [(max(bucket_length(lengths[i], max_len) for i in rows), [int(i) for i in rows]) for rows in batches]
+
+
+def sft_batch(examples: list[af.SftExample], rows: list[int], seq_len: int, batch_size: int,
+              pad_id: int) -> dict[str, np.ndarray]:
+  """tokens_bt / positions_bt / loss_mask_bt of `rows`, padded to `batch_size` rows with masked-out ones."""
+  tokens = np.full((batch_size, seq_len), pad_id, np.int32)
+  mask = np.zeros((batch_size, seq_len), np.float32)
+  for r, index in enumerate(rows):
+    example = examples[index]
+    tokens[r, :len(example.ids)] = example.ids
+    mask[r, :len(example.ids)] = example.step_mask
+  positions = np.broadcast_to(np.arange(seq_len, dtype=np.int32), (batch_size, seq_len))
+  return {"tokens_bt": tokens, "positions_bt": positions, "loss_mask_bt": mask}
+
+
+def _process_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """This process's contiguous block of the global batch's rows."""
+  k, n = distributed.process_index(), distributed.process_count()
+  return {key: x[k * (len(x) // n):(k + 1) * (len(x) // n)] for key, x in batch.items()}
+
+
+def optimizer_config(cfg: ml_collections.ConfigDict, total_steps: int) -> OptimizerConfig:
+  schedule = "warmup_cosine" if cfg.sft.schedule == "cosine" else "constant"
+  return OptimizerConfig(learning_rate=cfg.sft.learning_rate, schedule=schedule,
+                         warmup_steps=int(cfg.sft.warmup_ratio * total_steps), total_steps=total_steps,
+                         weight_decay=cfg.sft.weight_decay)
+
+
+def _with_lora(cfg: ml_collections.ConfigDict, model: Llama) -> Llama:
+  if cfg.sft.finetune == "lora":
+    lora = cfg.model.lora
+    apply_lora(model, lora.rank, lora.alpha, tuple(lora.targets.split(",")), rngs=nnx.Rngs(cfg.seed + 1))
+  return model
+
+
+def checkpointer(cfg: ml_collections.ConfigDict, ws: Workspace) -> Checkpointer:
+  """Checkpoints of this config's run (checkpoints/sft/<hash>/); other configs' ones are removed."""
+  root = ws.checkpoint_dir("sft")
+  current = root / common.stage_config_hash(cfg, "sft")
+  if distributed.is_main_process():
+    for stale in root.iterdir():
+      if stale != current:
+        shutil.rmtree(stale, ignore_errors=True)
+  distributed.barrier("sft-checkpoints")
+  return Checkpointer(current, save_every=cfg.sft.checkpoint_every, keep=cfg.sft.keep_checkpoints)
+
+
+def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
+  tokenizer = common.load_tokenizer(cfg, ws)
+  mesh = common.make_mesh(cfg)
+  examples, dropped = load_examples(cfg, tokenizer)
+  lengths = [len(e.ids) for e in examples]
+  plan = [batch for epoch in range(cfg.sft.epochs)
+          for batch in epoch_batches(lengths, cfg.sft.batch_size, cfg.sft.max_len, cfg.seed, epoch)]
+  opt_cfg = optimizer_config(cfg, len(plan))
+  tx = make_optimizer(opt_cfg)
+  trainable = "lora" if cfg.sft.finetune == "lora" else "full"
+  model_cfg = common.model_config(cfg, tokenizer) if not cfg.model.hf_path else None
+
+  ckpt = checkpointer(cfg, ws)
+  resumed = ckpt.latest_step() is not None
+  if resumed:
+    if model_cfg is None:
+      model_cfg, _ = common.init_policy(cfg, tokenizer, mesh)  # the HF config (weights come from the checkpoint)
+    abstract = abstract_train_state(lambda: _with_lora(cfg, Llama(model_cfg, rngs=nnx.Rngs(0))), tx,
+                                    trainable=trainable, mesh=mesh)
+    state, _ = ckpt.restore(abstract)
+    logging.info("sft: resuming from step %d of %d", int(state.step), len(plan))
+  else:
+    model_cfg, model = common.init_policy(cfg, tokenizer, mesh)
+    state = create_train_state(_with_lora(cfg, model), tx, trainable=trainable, seed=cfg.seed)
+
+  step_fn = make_sft_step(state, num_micro_batches=cfg.sft.batch_size // cfg.sft.micro_batch_size)
+  schedule = learning_rate_schedule(opt_cfg)
+  metadata = {"config_hash": common.stage_config_hash(cfg, "sft"), "total_steps": len(plan)}
+  losses = []
+  with tracking.MetricsWriter(ws, "sft", cfg.tracking.tensorboard, append=resumed) as writer, \
+      tracking.progress(len(plan), "sft", unit="step", enabled=cfg.tracking.progress) as bar, \
+      jax.set_mesh(mesh):
+    bar.update(int(state.step))
+    for step in range(int(state.step), len(plan)):
+      seq_len, rows = plan[step]
+      local = _process_rows(sft_batch(examples, rows, seq_len, cfg.sft.batch_size, tokenizer.pad_id))
+      state, metrics = step_fn(state, to_global_batch(local, mesh))
+      losses.append(float(metrics["sft_loss"]))
+      bar.update(1)
+      bar.set_postfix(loss=f"{losses[-1]:.3f}")
+      if (step + 1) % cfg.tracking.log_every == 0 or step + 1 == len(plan):
+        writer.write(step + 1, {**metrics, "learning_rate": schedule(step)})
+      ckpt.save(step + 1, state, metadata, force=step + 1 == len(plan))
+  ckpt.close()
+
+  outputs = common.save_policy(ws, "sft", state.model(), model_cfg)
+  if cfg.tracking.plots and distributed.is_main_process():
+    tracking.plot_metrics(ws.metrics_path("sft"), ws.plot_path("sft"), title="SFT")
+    outputs.append(str(ws.plot_path("sft")))
+  return {"steps": len(plan), "resumed": resumed, "examples": len(examples), "dropped_too_long": dropped,
+          "agent_tokens": int(sum(sum(e.step_mask) for e in examples)),
+          "final_loss": losses[-1] if losses else None, "outputs": outputs}
