@@ -215,11 +215,13 @@ def make_ppo_step(state_template: PPOState, cfg: PPOConfig):
                                 num_steps=num_steps)
     (policy_grads, critic_grads), metrics = accumulate_gradients(
         loss_fn, (state.policy.params, state.critic.params), batch, cfg.num_micro_batches)
-    updated = PPOState(policy=state.policy.apply_gradients(policy_grads),
-                       critic=state.critic.apply_gradients(critic_grads))
     means = summarize(metrics)
     skipped = means["ratio"] > cfg.max_mean_ratio
-    new_state = jax.tree.map(lambda old, new: jnp.where(skipped, old, new), state, updated)
+
+    def update(state):
+      return PPOState(policy=state.policy.apply_gradients(policy_grads),
+                      critic=state.critic.apply_gradients(critic_grads))
+    new_state = jax.lax.cond(skipped, lambda state: state, update, state)
     return new_state, means | {
         "skipped": skipped.astype(jnp.float32),
         "policy_grad_norm": optax.tree.norm(policy_grads),
