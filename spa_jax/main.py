@@ -5,6 +5,7 @@ embedded catalogue with the tiny model (configs/eval.py:tiny), in runs/default.
 Stages already done with the same config are reused; see WORKSPACE.md.
 """
 
+import json
 import logging
 from typing import Sequence
 
@@ -14,6 +15,13 @@ from ml_collections import config_flags
 
 from spa_jax import configuration, distributed, pipeline
 from spa_jax.workspace import Workspace
+
+QUIET_LIBRARIES = ("orbax",)  # their INFO lines drown the run's own; warnings still show
+
+
+class _QuietLibraries(logging.Filter):
+  def filter(self, record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or not any(f"/{lib}/" in record.pathname for lib in QUIET_LIBRARIES)
 
 DEFAULT_CONFIG = str(configuration.CONFIGS_DIR / "eval.py")
 
@@ -41,6 +49,8 @@ def main(argv: Sequence[str]) -> None:
     cfg = resolve_config()
   except ValueError as error:
     raise app.UsageError(str(error)) from error
+  for handler in logging.getLogger().handlers + logging.getLogger("absl").handlers:
+    handler.addFilter(_QuietLibraries())
   distributed.initialize(cfg.distributed)
   ws = Workspace(cfg.workspace)
   if distributed.is_main_process():
@@ -48,6 +58,16 @@ def main(argv: Sequence[str]) -> None:
   summaries = pipeline.run_pipeline(cfg, ws)
   for stage, summary in summaries.items():
     logging.info("%s: %s", stage, summary)
+  if "eval" in configuration.split_names(cfg.run.targets) and distributed.is_main_process():
+    print_eval_table(ws)
+
+
+def print_eval_table(ws: Workspace) -> None:
+  """Prints reports/eval.json as the final table (also when eval was reused, not rerun)."""
+  from spa_jax.stages.eval import REPORT, format_table
+  report = json.loads(ws.report_path(REPORT).read_text())
+  print(f"\nEvaluation on {report['split']} ({report['tasks']} tasks, workspace {ws.root}):")
+  print(format_table(report["policies"], report.get("order")), flush=True)
 
 
 if __name__ == "__main__":

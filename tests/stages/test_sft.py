@@ -1,0 +1,95 @@
+"""SFT stage: expert data and masks, length-bucketed batches, and exact resume after SIGKILL."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from conftest import MICRO, as_flags
+from spa_jax import configuration
+from spa_jax.rollout import agent_format as af
+from spa_jax.stages import common, sft
+from spa_jax.workspace import Workspace
+
+REPO = configuration.CONFIGS_DIR.parent
+
+
+def test_expert_examples_train_on_the_agent_steps_only(micro_config):
+  cfg = micro_config("sft")
+  tokenizer = common.load_tokenizer(cfg, Workspace(cfg.workspace))
+  examples, dropped = sft.load_examples(cfg, tokenizer)
+  assert len(examples) == 4 and dropped == 0
+  prompt_len = len(tokenizer.encode_chat(af.prompt_messages(cfg.agent.one_shot))[0])
+  for example in examples:
+    assert not any(example.step_mask[:prompt_len])  # instruction and "OK" carry no loss
+    text = tokenizer.decode([t for t, m in zip(example.ids, example.step_mask) if m])
+    assert text.startswith("Thought: ") and "Action: search[" in text and "Action: click[buy now]" in text
+    assert len(example.step_ends) >= 3  # search, click product, ..., buy
+
+
+def test_dataset_without_agent_steps_is_an_error(micro_config, tmp_path):
+  path = tmp_path / "webshop_sft.json"
+  path.write_text(json.dumps([{"id": "0", "conversations": [
+      {"from": "human", "value": af.INSTRUCTION}, {"from": "gpt", "value": "OK"}]}]))
+  cfg = micro_config("sft", {"sft.data": str(path)})
+  tokenizer = common.load_tokenizer(cfg, Workspace(cfg.workspace))
+  with pytest.raises(ValueError, match="no agent"):
+    sft.load_examples(cfg, tokenizer)
+
+
+def test_epoch_batches_cover_every_example_once_grouped_by_length():
+  lengths = [100, 600, 1100, 90, 700, 1500, 400, 2000, 30]
+  batches = sft.epoch_batches(lengths, batch_size=2, max_len=2048, seed=0, epoch=0)
+  assert sorted(i for _, rows in batches for i in rows) == list(range(len(lengths)))
+  for seq_len, rows in batches:
+    assert all(lengths[i] <= seq_len and seq_len % 512 == 0 for i in rows)
+  buckets = [{sft.bucket_length(lengths[i], 2048) for i in rows} for _, rows in batches]
+  assert sum(len(b) > 1 for b in buckets) <= 3  # only the leftovers of a bucket mix lengths
+  assert batches == sft.epoch_batches(lengths, batch_size=2, max_len=2048, seed=0, epoch=0)
+  assert batches != sft.epoch_batches(lengths, batch_size=2, max_len=2048, seed=0, epoch=1)
+
+
+RESUME = {key: value for key, value in MICRO.items() if key.split(".")[0] not in ("explore", "eval")}
+RESUME |= {"sft.expert_episodes": 8, "sft.epochs": 2}
+
+
+def _sft_command(workdir):
+  return [sys.executable, "-m", "spa_jax.main", "--config=configs/sft.py", f"--workdir={workdir}",
+          *as_flags(RESUME)]
+
+
+def _policy(workdir):
+  return load_file(str(workdir / "policies" / "sft" / "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_sft_killed_after_a_checkpoint_resumes_to_the_uninterrupted_result(tmp_path):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  straight, killed = tmp_path / "straight", tmp_path / "killed"
+  subprocess.run(_sft_command(straight), cwd=REPO, env=env, check=True, capture_output=True, timeout=600)
+
+  process = subprocess.Popen(_sft_command(killed), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+  checkpoints = killed / "checkpoints" / "sft"
+  deadline = time.time() + 600
+  while not any(checkpoints.glob("*/1")) and process.poll() is None and time.time() < deadline:
+    time.sleep(0.05)
+  os.kill(process.pid, signal.SIGKILL)
+  process.wait()
+  assert Workspace(killed).done_record("sft") is None, "the run finished before it could be killed"
+  subprocess.run(_sft_command(killed), cwd=REPO, env=env, check=True, capture_output=True, timeout=600)
+
+  summary = Workspace(killed).done_record("sft")["summary"]
+  reference = Workspace(straight).done_record("sft")["summary"]
+  assert summary["resumed"] and not reference["resumed"] and summary["steps"] == reference["steps"] == 8
+  assert summary["final_loss"] == pytest.approx(reference["final_loss"], abs=1e-6)
+  resumed_params, straight_params = _policy(killed), _policy(straight)
+  assert resumed_params.keys() == straight_params.keys()
+  for name, value in straight_params.items():
+    np.testing.assert_allclose(resumed_params[name], value, rtol=0, atol=1e-6, err_msg=name)
