@@ -7,4 +7,4 @@ source "$(dirname "$0")/common.sh"
 [ -n "$BUCKET" ] || { echo "--bucket gs://... is required (the shared workspace)" >&2; exit 2; }
 PRESET=${PRESET:-llama3.2-3b-tpu}
 on_all_hosts "cd $REPO_DIR && .venv/bin/python -m spa_jax.main --config=configs/$STAGE.py:$PRESET \
-  --config.workspace=$BUCKET --config.distributed.enabled=true $EXTRA 2>&1 | tee -a ~/spa_jax_run.log"
+  --config.workspace=$BUCKET --config.distributed.initialize=always $EXTRA 2>&1 | tee -a ~/spa_jax_run.log"
