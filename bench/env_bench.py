@@ -1,7 +1,7 @@
 """WebShop environment benchmark: start-up costs, expert-policy steps/s in one process and in the pool, memory,
 and the scripted expert's reward, on the embedded catalogue and (when present) the real 1k catalogue.
 
-    .venv/bin/python bench/env_bench.py [--quick]
+    .venv/bin/python bench/env_bench.py [--quick] [--search-backend pyserini|bm25]
 
 Prints progress to stderr, appends a section to bench/RESULTS.md and ends with ONE JSON line on stdout.
 Goal: >= 2,000 env steps/s on one core for the expert policy (warm query cache); pool scaling with cores.
@@ -24,7 +24,7 @@ from webshop import search
 from webshop.catalogue import Catalogue
 from webshop.env import WebShopEnv
 from webshop.expert import ScriptedExpert, action_of, run_expert_episode
-from webshop.pool import EnvPool
+from webshop.pool import CatalogueSpec, EnvPool
 from webshop.synthetic import generate_raw
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,7 +92,11 @@ def _pool_pass(pool, catalogue, goal_indices, num_envs: int) -> int:
 
 
 def startup_costs(catalogue) -> dict:
-    """JVM start (0 when already running), index build (cold, into a fresh directory) and open (warm)."""
+    """pyserini: JVM start (0 when already running), index build (cold, into a fresh directory) and open (warm);
+    bm25: the in-memory index build."""
+    if catalogue.search_backend == "bm25":
+        _, build_s = timed(lambda: search.SearchEngine(catalogue.products, None, backend="bm25"))
+        return {"index_build_in_memory_s": round(build_s, 2)}
     _, jvm_s = timed(lambda: search._java_class("io.anserini.search.SimpleSearcher"))
     with tempfile.TemporaryDirectory() as cache:
         _, cold_s = timed(lambda: search.SearchEngine(catalogue.products, Path(cache)))
@@ -132,12 +136,17 @@ def append_results(report: dict, command: str) -> None:
                 rows.append(f"| {name} | {label} | {r[key]['steps_per_s']} |")
         rows.append(f"| {name} | expert mean reward / success rate | {r['expert_warm_cache']['mean_reward']} / "
                     f"{r['expert_warm_cache']['success_rate']} |")
-        rows.append(f"| {name} | catalogue build / JVM start / index cold / index warm (s) | {r['catalogue_build_s']} / "
-                    f"{r['jvm_start_s']} / {r['index_build_cold_s']} / {r['index_open_warm_s']} |")
+        if "jvm_start_s" in r:
+            rows.append(f"| {name} | catalogue build / JVM start / index cold / index warm (s) | {r['catalogue_build_s']} / "
+                        f"{r['jvm_start_s']} / {r['index_build_cold_s']} / {r['index_open_warm_s']} |")
+        else:
+            rows.append(f"| {name} | catalogue build / in-memory BM25 index build (s) | {r['catalogue_build_s']} / "
+                        f"{r['index_build_in_memory_s']} |")
         pools = [r[k] for k in ("pool_1w", "pool_2w") if k in r]
         rows.append(f"| {name} | RSS main process (MiB); pool start-up (s) | {r['rss_mib']}; "
                     f"{' / '.join(str(p['start_s']) for p in pools) or '-'} |")
     section = [f"\n## env_bench ({report['date']})\n", f"- machine: {report['machine']}",
+               f"- search backend: {report['search_backend']}",
                f"- synthetic catalogue generation (1,200 products): {report['synthetic_generate_s']} s",
                f"- command: `{command}`", f"- commit: {report['commit']}\n",
                "| catalogue | measure | value (steps/s unless stated) |", "|---|---|---|", *rows, ""]
@@ -148,23 +157,30 @@ def append_results(report: dict, command: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer goals and pool rounds (about 2 minutes)")
+    parser.add_argument("--search-backend", choices=search.SEARCH_BACKENDS, default="pyserini",
+                        help="search engine of every catalogue: Lucene through pyserini (Java) or the identical numpy BM25")
     args = parser.parse_args()
+    backend = args.search_backend
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     report = {
-        "bench": "env_bench", "quick": args.quick,
+        "bench": "env_bench", "quick": args.quick, "search_backend": backend,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, {round(psutil.virtual_memory().total / 2**30)} GiB, "
                    f"Python {platform.python_version()}, load average {os.getloadavg()[0]:.1f} at start",
         "commit": commit, "catalogues": {},
     }
     report["synthetic_generate_s"] = round(timed(generate_raw)[1], 3)
-    report["catalogues"]["embedded"] = bench_catalogue("embedded", Catalogue.embedded_default, "embedded", "test", args.quick)
+    report["catalogues"]["embedded"] = bench_catalogue(
+        "embedded", lambda: Catalogue.embedded_default(backend), CatalogueSpec("embedded", search_backend=backend),
+        "test", args.quick)
     if (REAL_DATA / "items_shuffle_1000.json").exists():
         report["catalogues"]["real_1k_synthetic_goals"] = bench_catalogue(
-            "real_1k_synthetic_goals", lambda: Catalogue.from_dir(REAL_DATA), str(REAL_DATA.resolve()), "all", args.quick)
+            "real_1k_synthetic_goals", lambda: Catalogue.from_dir(REAL_DATA, search_backend=backend),
+            CatalogueSpec(str(REAL_DATA.resolve()), search_backend=backend), "all", args.quick)
     else:
         log(f"real 1k data not found at {REAL_DATA}: skipped")
-    append_results(report, "python bench/env_bench.py" + (" --quick" if args.quick else ""))
+    append_results(report, "python bench/env_bench.py" + (" --quick" if args.quick else "") +
+                   (f" --search-backend {backend}" if backend != "pyserini" else ""))
     print(json.dumps(report))
 
 

@@ -33,7 +33,8 @@ def test_play_runs_an_episode_to_a_purchase(embedded):
 
 
 def test_play_stops_at_the_step_limit_and_on_quit():
-    out = play('nonsense\nnonsense\nsearch[x]\n', '--goal', '1', '--max-steps', '2')
+    out = play('search[shoes]\nnonsense\nsearch[x]\n', '--goal', '1', '--max-steps', '2', '--search-backend', 'bm25')
+    assert "action 'search[shoes]': valid=True reward=0.0" in out and 'Page 1 (Total results: ' in out
     assert "action 'nonsense': valid=False reward=0.0" in out
     assert 'episode over: step limit, reward 0.0' in out and 'search[x]' not in out
     out = play('quit\nsearch[shoes]\n', '--goal', '1')

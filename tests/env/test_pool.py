@@ -4,6 +4,8 @@ import os
 import signal
 import time
 
+import psutil
+
 import pytest
 
 from webshop.catalogue import Catalogue
@@ -111,6 +113,19 @@ def test_hung_worker_times_out_and_is_replaced(pool, catalogue):
     assert not any(r[4].get("failed") for r in pool.step(["search[shoes]"] * NUM_ENVS))
 
 
+def _runs_a_jvm(pid: int) -> bool:
+    return any("libjvm" in m.path for m in psutil.Process(pid).memory_maps())
+
+
+def test_bm25_pool_gives_the_same_episodes_without_a_jvm(pool, catalogue):
+    goals = catalogue.split("test")[:2]
+    local = _expert_rollout(*_in_process(catalogue, 2), catalogue, goals)
+    with EnvPool(CatalogueSpec("embedded", search_backend="bm25"), num_envs=2, num_workers=2) as bm25_pool:
+        assert _expert_rollout(bm25_pool.reset, bm25_pool.step, catalogue, goals) == local
+        assert not any(_runs_a_jvm(pid) for pid in bm25_pool.worker_pids)
+    assert all(_runs_a_jvm(pid) for pid in pool.worker_pids)   # the pyserini workers do
+
+
 def test_bad_arguments_are_rejected_clearly(catalogue):
     with pytest.raises(TypeError, match="CatalogueSpec"):
         CatalogueSpec.parse(catalogue)
@@ -125,6 +140,9 @@ def test_catalogue_pickle_is_written_once_and_loads_the_same_catalogue(tmp_path,
     assert path.stat().st_mtime_ns == stamp
     loaded = load_cached_catalogue(path)
     assert loaded.products == catalogue.products and loaded.goals == catalogue.goals
+    assert loaded.search_backend == "pyserini" and "search_engine" not in vars(loaded)
+    bm25_path = cached_catalogue_path(CatalogueSpec("embedded", search_backend="bm25"), tmp_path)
+    assert bm25_path != path and load_cached_catalogue(bm25_path).search_backend == "bm25"
     assert loaded.split("test") == catalogue.split("test")
     with pytest.raises(ValueError, match="embedded catalogue has fixed size"):
         CatalogueSpec("embedded", goals="human").build()

@@ -102,3 +102,14 @@ def test_ranking_matches_pyserini_on_the_reference_index(tmp_path):
         assert got[:10] == expected[:10], query
         assert len(set(got) & set(expected)) >= 0.95 * len(expected), query
         assert got == expected, query   # in fact the whole ranked list, ties included
+
+
+def test_score_ties_are_ordered_by_asin_even_far_beyond_the_cut_off(tmp_path):
+    # 130 equal documents inserted in descending ASIN order: Lucene's doc numbers run against the ASINs
+    products = [_product(f"B{i:03d}", "Plain Cap") for i in reversed(range(130))]
+    engine = SearchEngine(products, tmp_path)
+    expected = [f"B{i:03d}" for i in range(50)]
+    assert engine.search("cap") == expected
+    reference = search._java_class("io.anserini.search.SimpleSearcher")(str(engine.index_dir))
+    assert [hit.docid for hit in reference.search("cap", 50)] == expected
+    assert SearchEngine(products, tmp_path, backend="bm25").search("cap") == expected

