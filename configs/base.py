@@ -53,7 +53,7 @@ def get_base_config(preset: str = TINY) -> ml_collections.ConfigDict:
       eval_split="paper_test" if real else "test",
       max_steps=10,
       observation_mode="text",  # "text" | "text_rich"
-      search_backend="",  # "" (the env's default), or a webshop search backend name, e.g. "bm25"
+      search_backend="",  # "" (the env's default, pyserini), or "bm25" (pure numpy, same rankings, no Java)
       num_envs=32 if real else 8,  # live episodes per process
       pool_workers=8 if real else 2,
   ))

@@ -8,7 +8,12 @@ prefix changes every turn, so the slot is reset and its windowed conversation re
 
 Every finished episode becomes one trajectory record (schema in WORKSPACE.md), handed to
 `on_trajectory`. This module runs whatever tasks it is given on whatever sampler it is given;
-callers decide how tasks are shared between processes (see `write_trajectories`).
+callers decide how tasks are shared between processes.
+
+Multi-process: each process runs its own env pool on its own tasks, while the Sampler needs the
+same global inputs on every process. `ProcessRowsSampler` gives each process a block of the
+global rows and all-gathers every call's (rows, tokens); its `lockstep` flag makes the loop call
+reset/extend/generate once per turn on every process (empty when idle) until all are done.
 """
 
 import dataclasses
@@ -19,7 +24,7 @@ from typing import Callable, Protocol, Sequence
 import jax
 import numpy as np
 
-from spa_jax import tracking
+from spa_jax import distributed, tracking
 from spa_jax.rollout import agent_format as af
 from spa_jax.rollout.stop import REACT_ACTION_LINE
 
@@ -145,12 +150,21 @@ def run_episodes(policy_sampler, params, pool: EnvBatch, tokenizer, tasks: Seque
     bar.update(1)
     bar.set_postfix(ep_s=f"{len(records) / elapsed:.2f}", tok_s=f"{generated_tokens / elapsed:.0f}")
 
-  while queue or any(slots):
+  lockstep = getattr(policy_sampler, "lockstep", False)
+  resets: list[int] = []  # rows to empty before their next extend (windowed re-encoding)
+
+  def working() -> bool:
+    local = bool(queue or any(slots))
+    return policy_sampler.any_process(local) if lockstep else local
+
+  while working():
     free = [s for s in range(num_slots) if slots[s] is None][:len(queue)]
+    if free or resets or lockstep:
+      state = policy_sampler.reset_rows(state, free + resets)
+      resets = []
     if free:
       work = [queue.popleft() for _ in free]
       observations, infos = pool.reset([task for task, _ in work], free)
-      state = policy_sampler.reset_rows(state, free)
       for slot, (task, k), observation, info in zip(free, work, observations, infos):
         conversation = af.start_conversation(observation, one_shot)
         ids, mask = tokenizer.encode_chat(list(af.windowed(conversation, history_window).messages),
@@ -161,7 +175,7 @@ def run_episodes(policy_sampler, params, pool: EnvBatch, tokenizer, tasks: Seque
     for slot in policy_sampler.overflowing_rows(state, rows, [slots[s].pending_ids for s in rows]):
       finish(slot, "context_limit")
     rows = [s for s in rows if slots[s] is not None]
-    if not rows:
+    if not rows and not lockstep:
       continue
     state = policy_sampler.extend(params, state, rows, [slots[s].pending_ids for s in rows])
     for s in rows:
@@ -218,7 +232,7 @@ def run_episodes(policy_sampler, params, pool: EnvBatch, tokenizer, tasks: Seque
         messages = episode.conversation.messages + (af.assistant(output), af.user(next_user))
         episode.conversation = dataclasses.replace(episode.conversation, messages=messages)
         if history_window:
-          state = policy_sampler.reset_rows(state, [s])
+          resets.append(s)
           episode.pending_ids, _ = tokenizer.encode_chat(
               list(af.windowed(episode.conversation, history_window).messages), add_generation_prompt=True)
         else:
@@ -229,3 +243,66 @@ def run_episodes(policy_sampler, params, pool: EnvBatch, tokenizer, tasks: Seque
   elapsed = max(time.time() - started, 1e-9)
   return {**summarize(records), "generated_tokens": generated_tokens, "seconds": elapsed,
           "episodes_per_s": len(records) / elapsed, "tokens_per_s": generated_tokens / elapsed}
+
+
+class ProcessRowsSampler:
+  """This process's block of a global Sampler's rows: process k drives global rows
+  [k * batch_size, (k + 1) * batch_size). Every call gathers all processes' requests, runs the
+  global Sampler with identical inputs everywhere, and returns this process's part."""
+
+  lockstep = True
+
+  def __init__(self, sampler):
+    count = distributed.process_count()
+    if sampler.batch_size % count:
+      raise ValueError(f"sampler batch_size {sampler.batch_size} does not split over {count} processes")
+    self.sampler = sampler
+    self.batch_size = sampler.batch_size // count
+    self.offset = distributed.process_index() * self.batch_size
+
+  @staticmethod
+  def _gather(x: np.ndarray) -> np.ndarray:
+    """[process_count, *x.shape]: every process's `x` (same shape everywhere)."""
+    from jax.experimental import multihost_utils
+    if distributed.process_count() == 1:
+      return np.asarray(x)[None]
+    return np.asarray(multihost_utils.process_allgather(np.asarray(x)))
+
+  def _gather_rows(self, rows: Sequence[int]) -> list[int]:
+    mask = np.zeros(self.batch_size, bool)
+    mask[list(rows)] = True
+    return np.flatnonzero(self._gather(mask).reshape(-1)).tolist()
+
+  def any_process(self, flag: bool) -> bool:
+    return bool(self._gather(np.array(flag)).any())
+
+  def init_state(self):
+    return self.sampler.init_state()
+
+  def reset_rows(self, state, rows):
+    return self.sampler.reset_rows(state, self._gather_rows(rows))
+
+  def overflowing_rows(self, state, rows, token_lists, reserve: int = 1) -> list[int]:
+    global_rows = [self.offset + r for r in rows]
+    return [r - self.offset for r in self.sampler.overflowing_rows(state, global_rows, token_lists, reserve)]
+
+  def extend(self, params, state, rows, token_lists):
+    counts = np.zeros(self.batch_size, np.int64)
+    for row, tokens in zip(rows, token_lists):
+      counts[row] = len(tokens) + 1  # 0: row not extended
+    all_counts = self._gather(counts).reshape(-1)
+    width = max(int(all_counts.max(initial=0)) - 1, 0)
+    padded = np.zeros((self.batch_size, width), np.int64)
+    for row, tokens in zip(rows, token_lists):
+      padded[row, :len(tokens)] = tokens
+    all_tokens = self._gather(padded).reshape(-1, width)
+    global_rows = np.flatnonzero(all_counts).tolist()
+    return self.sampler.extend(params, state, global_rows,
+                               [all_tokens[r, :all_counts[r] - 1].tolist() for r in global_rows])
+
+  def generate(self, params, state, rows_mask, **kwargs):
+    global_mask = self._gather(np.asarray(rows_mask, bool)).reshape(-1)
+    state, out = self.sampler.generate(params, state, global_mask, **kwargs)
+    block = slice(self.offset, self.offset + self.batch_size)
+    return state, dataclasses.replace(out, token_ids=out.token_ids[block], logprobs=out.logprobs[block],
+                                      texts=out.texts[block], finish_reasons=out.finish_reasons[block])

@@ -46,14 +46,17 @@ ROLLOUT_LENGTH_BUCKETS = (64, 128, 256, 512)
 
 
 @functools.cache
-def _catalogue(source: str, goals: str):
+def _catalogue(source: str, goals: str, search_backend: str):
   from webshop import Catalogue
-  return Catalogue.embedded_default() if source == "embedded" else Catalogue.from_dir(source, goals)
+  backend = {"search_backend": search_backend} if search_backend else {}
+  if source == "embedded":
+    return Catalogue.embedded_default(**backend)
+  return Catalogue.from_dir(source, goals, **backend)
 
 
 def load_catalogue(cfg: ml_collections.ConfigDict):
   """The config's webshop.Catalogue (built once per process)."""
-  return _catalogue(*_source_and_goals(cfg))
+  return _catalogue(*_source_and_goals(cfg), cfg.env.search_backend)
 
 
 def _source_and_goals(cfg) -> tuple[str, str]:
@@ -66,15 +69,13 @@ def catalogue_spec(cfg: ml_collections.ConfigDict):
   """The picklable catalogue name EnvPool workers rebuild it from."""
   from webshop.pool import CatalogueSpec
   source, goals = _source_and_goals(cfg)
-  return CatalogueSpec(source=source, goals=goals)
+  backend = {"search_backend": cfg.env.search_backend} if cfg.env.search_backend else {}
+  return CatalogueSpec(source=source, goals=goals, **backend)
 
 
 def env_kwargs(cfg: ml_collections.ConfigDict) -> dict:
   """WebShopEnv keyword arguments from config.env."""
-  kwargs = dict(observation_mode=cfg.env.observation_mode, max_steps=cfg.env.max_steps)
-  if cfg.env.search_backend:
-    kwargs["search_backend"] = cfg.env.search_backend
-  return kwargs
+  return dict(observation_mode=cfg.env.observation_mode, max_steps=cfg.env.max_steps)
 
 
 def env_settings(cfg: ml_collections.ConfigDict, split: str) -> dict:
@@ -82,7 +83,8 @@ def env_settings(cfg: ml_collections.ConfigDict, split: str) -> dict:
   catalogue = load_catalogue(cfg)
   return {"catalogue": cfg.env.catalogue, "data_dir": cfg.env.data_dir, "goals": catalogue.goal_kind,
           "split": split, "observation_mode": cfg.env.observation_mode, "max_steps": cfg.env.max_steps,
-          "noun_tagger": catalogue.noun_tagger, "search_backend": cfg.env.search_backend or "default",
+          "noun_tagger": catalogue.noun_tagger,
+          "search_backend": getattr(catalogue, "search_backend", cfg.env.search_backend or "pyserini"),
           "seed": cfg.seed}
 
 
@@ -182,11 +184,13 @@ def stage_config_hash(cfg: ml_collections.ConfigDict, stage: str) -> str:
 
 def make_sampler(cfg: ml_collections.ConfigDict, model_cfg: LlamaConfig, graphdef, tokenizer: Tokenizer,
                  mesh, batch_size: int | None = None) -> Sampler:
-  """A Sampler with one row per env (config.env.num_envs) and config.agent.max_context tokens per row.
+  """A Sampler with one row per env of every process (config.env.num_envs each) and
+  config.agent.max_context tokens per row.
 
   Reuse it for every policy of the same architecture: its jitted functions compile once."""
-  return Sampler(graphdef, model_cfg, tokenizer, batch_size=batch_size or cfg.env.num_envs,
-                 max_len=cfg.agent.max_context, length_buckets=ROLLOUT_LENGTH_BUCKETS, mesh=mesh)
+  rows = (batch_size or cfg.env.num_envs) * distributed.process_count()
+  return Sampler(graphdef, model_cfg, tokenizer, batch_size=rows, max_len=cfg.agent.max_context,
+                 length_buckets=ROLLOUT_LENGTH_BUCKETS, mesh=mesh)
 
 
 def rollout(cfg: ml_collections.ConfigDict, ws: Workspace, *, policy: str, sampler: Sampler, params,
@@ -194,10 +198,13 @@ def rollout(cfg: ml_collections.ConfigDict, ws: Workspace, *, policy: str, sampl
             temperature: float, top_p: float, max_new_tokens: int, seed: int, pool=None) -> dict:
   """Episodes of `policy` (its `params`) on this process's share of `tasks`, written to
   trajectories/<name>.p<k>.jsonl; returns the run_episodes summary of this process's episodes.
+  With several processes each drives its own pool and block of the sampler's rows (in lockstep).
 
   `pool`: an open EnvPool to reuse (left open), else one is opened for the call.
   """
   local_tasks = distributed.process_share(tasks)
+  if distributed.process_count() > 1:
+    sampler = episodes.ProcessRowsSampler(sampler)  # this process's block of the global rows
   pool_context = contextlib.nullcontext(pool) if pool is not None else open_pool(cfg, sampler.batch_size)
   with TrajectoryWriter(ws, name) as write, pool_context as env_pool:
     summary = episodes.run_episodes(

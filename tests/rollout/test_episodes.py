@@ -224,3 +224,20 @@ def test_tiny_model_on_the_embedded_env_pool(tokenizer):
   for record in records:  # greedy decoding: both rollouts of a task are identical
     by_task.setdefault(record["task_id"], []).append([s["model_output"] for s in record["steps"]])
   assert all(a == b for a, b in by_task.values())
+
+
+@pytest.mark.parametrize("history_window", [0, 2])
+def test_process_rows_lockstep_gives_the_same_episodes_on_one_process(tokenizer, history_window):
+  """The multi-process path (gathered rows, one reset/extend/generate per turn) changes nothing alone."""
+  tasks = [0, 1, 2, 3, 4, 6, 13]  # not 5: it never acts, so a window would show no instruction
+  _, plain, plain_summary = run(tokenizer, tasks, batch=4, history_window=history_window)
+  records = []
+  summary = episodes.run_episodes(
+      episodes.ProcessRowsSampler(ScriptedSampler(tokenizer, 4, 4096)), None, ToyShop(4, 10), tokenizer, tasks,
+      samples_per_task=2, temperature=1.0, top_p=1.0, max_new_tokens=64, rng=jax.random.key(0),
+      on_trajectory=records.append, history_window=history_window, policy="test-policy",
+      env_settings={"catalogue": "toy"}, show_progress=False)
+  key = lambda r: (r["task_id"], r["rollout"])  # noqa: E731
+  assert sorted(records, key=key) == sorted(plain, key=key)
+  assert {k: v for k, v in summary.items() if "per_s" not in k and k != "seconds"} == \
+      {k: v for k, v in plain_summary.items() if "per_s" not in k and k != "seconds"}
