@@ -38,7 +38,9 @@ def run_episode(sampler, params, prompts, observations, new_tokens, reencode: bo
                 state = sampler.extend(params, sampler.reset_rows(state, rows), rows, histories)
             else:
                 state = sampler.extend(params, state, rows, [observation] * batch)
-        state, out = sampler.generate(params, state, [True] * batch, rng=jax.random.key(turn), max_new_tokens=new_tokens)
+        state, out = sampler.generate(
+            params, state, [True] * batch, rng=jax.random.key(turn), max_new_tokens=new_tokens
+        )
         histories = [h + t for h, t in zip(histories, out.token_ids)]
         generated += sum(map(len, out.token_ids))
     return time.perf_counter() - start, generated

@@ -193,7 +193,9 @@ class SentencePieceTokenizer(Tokenizer):
         self.end_of_turn_id = self._sp.piece_to_id(SPM_END_OF_TURN)
         self._role_ids = {role: self._sp.piece_to_id(tok) for role, tok in SPM_ROLE_TOKENS.items()}
         if self.end_of_turn_id == self._sp.unk_id() or self._sp.unk_id() in self._role_ids.values():
-            raise ValueError(f"{self.path} lacks the chat symbols; it was not made by SentencePieceTokenizer.train_or_load")
+            raise ValueError(
+                f"{self.path} lacks the chat symbols; it was not made by SentencePieceTokenizer.train_or_load"
+            )
         self.vocab_size = self._sp.get_piece_size()
 
     @classmethod
@@ -228,7 +230,8 @@ class SentencePieceTokenizer(Tokenizer):
 
     @functools.cached_property
     def _token_texts(self) -> tuple[str, ...]:
-        return tuple("" if self._sp.is_control(i) or self._sp.is_unknown(i) else self._sp.decode([i]) for i in range(self.vocab_size))
+        special = lambda i: self._sp.is_control(i) or self._sp.is_unknown(i)  # noqa: E731
+        return tuple("" if special(i) else self._sp.decode([i]) for i in range(self.vocab_size))
 
     def token_texts(self) -> list[str]:
         return list(self._token_texts)

@@ -290,7 +290,8 @@ class Sampler:
             ).astype(jnp.int32)
             reasons_b = jnp.where(running_b, reason_b, reasons_b)
             running_b = running_b & (reason_b == 0)
-            return step + 1, self._constrain_cache(cache), token_b, lengths_b, running_b, stop_state_b, reasons_b, tokens_bn, logprobs_bn
+            cache = self._constrain_cache(cache)
+            return step + 1, cache, token_b, lengths_b, running_b, stop_state_b, reasons_b, tokens_bn, logprobs_bn
 
         carry = (
             jnp.int32(0),

@@ -170,7 +170,8 @@ def test_stop_sequence_stops_at_first_completion_and_trims_text(tok, sampler, pa
     text = "".join(texts[t] for t in free.token_ids[row])
     assert len(text) >= 4, f"random model produced too little text to test stops: {text!r}"
     for stop in (StopSequence((text[1:3],)), StopSequence((text[1:2], text[-1]))):
-        stop_at = next(n for n in range(1, len(text) + 1) if stop.trim("".join(texts[t] for t in free.token_ids[row][:n]))[1])
+        prefix_text = lambda n: "".join(texts[t] for t in free.token_ids[row][:n])  # noqa: E731
+        stop_at = next(n for n in range(1, len(text) + 1) if stop.trim(prefix_text(n))[1])
         _, out = sampler.generate(
             params, fresh_with_prompts(sampler, params, prompts), [True] * BATCH,
             rng=jax.random.key(0), max_new_tokens=MAX_NEW, stop=stop,
@@ -194,7 +195,8 @@ def test_react_stop_table_agrees_with_text_search():
             state = table_vs[token, state]
         text = "".join(texts[t] if t < len(texts) else "" for t in tokens)
         assert (state == fired) == REACT_ACTION_LINE.trim(text)[1], text
-    assert REACT_ACTION_LINE.trim("Thought: a\nAction: click[x]\nThought: more") == ("Thought: a\nAction: click[x]", True)
+    trimmed = REACT_ACTION_LINE.trim("Thought: a\nAction: click[x]\nThought: more")
+    assert trimmed == ("Thought: a\nAction: click[x]", True)
 
 
 def test_context_limit_ends_rows_and_extend_refuses_overflow(tok, sampler, params):
@@ -208,7 +210,9 @@ def test_context_limit_ends_rows_and_extend_refuses_overflow(tok, sampler, param
     if out.finish_reasons[0] != "eos":
         assert out.finish_reasons[0] == "context_limit"
         assert len(out.token_ids[0]) == 3 and state.lengths[0] == MAX_LEN
-        state, out = sampler.generate(params, state, [True, False, False], rng=jax.random.key(0), max_new_tokens=MAX_NEW)
+        state, out = sampler.generate(
+            params, state, [True, False, False], rng=jax.random.key(0), max_new_tokens=MAX_NEW
+        )
         assert out.finish_reasons[0] == "context_limit" and out.token_ids[0] == []
     assert out.finish_reasons[1:] == ["", ""] and out.token_ids[1:] == [[], []]
 
@@ -228,7 +232,9 @@ def test_reset_and_inactive_rows(tok, sampler, params, reference_logprobs):
         [second.token_ids[0], second.token_ids[1], []], [second.logprobs[0], second.logprobs[1], []],
     )
     with pytest.raises(ValueError, match="empty"):
-        sampler.generate(params, sampler.reset_rows(state, [2]), [False, False, True], rng=jax.random.key(0), max_new_tokens=2)
+        sampler.generate(
+            params, sampler.reset_rows(state, [2]), [False, False, True], rng=jax.random.key(0), max_new_tokens=2
+        )
 
 
 def test_bad_arguments_are_rejected(tok, sampler, params):
@@ -253,7 +259,8 @@ def test_no_recompilation_across_lengths_sampling_settings_and_stops(tok, sample
 
     jax.monitoring.register_event_duration_secs_listener(count)
     try:
-        for i, (temperature, top_p, stop) in enumerate([(0.0, 1.0, None), (1.0, 0.8, REACT_ACTION_LINE), (0.5, 1.0, StopSequence(("ab",)))]):
+        settings = [(0.0, 1.0, None), (1.0, 0.8, REACT_ACTION_LINE), (0.5, 1.0, StopSequence(("ab",)))]
+        for i, (temperature, top_p, stop) in enumerate(settings):
             state = fresh_with_prompts(sampler, params, [p[: len(p) - i] for p in prompts])
             state = sampler.extend(params, state, [1], [tok.encode("more text " * (i + 1))])
             sampler.generate(params, state, [True, i != 1, True], rng=jax.random.key(i),
