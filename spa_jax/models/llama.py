@@ -123,6 +123,16 @@ def causal_attention(q_btnh, k_btkh, v_btkh, attn_mask_bt, cfg: LlamaConfig) -> 
   )
 
 
+def cached_attention(q_btnh, keys_bskh, values_bskh, positions_bt) -> jax.Array:
+  """GQA of each query over the cache slots at positions <= its own (slot index == position)."""
+  slots_s = jnp.arange(keys_bskh.shape[1])
+  visible_bts = slots_s[None, None, :] <= positions_bt[:, :, None]
+  return jax.nn.dot_product_attention(
+      q_btnh, keys_bskh.astype(q_btnh.dtype), values_bskh.astype(q_btnh.dtype),
+      mask=visible_bts[:, None, :, :], implementation="xla",
+  )
+
+
 class Attention(nnx.Module):
   """Grouped-query self-attention with RoPE, optionally reading/writing a KV cache."""
 
@@ -149,13 +159,7 @@ class Attention(nnx.Module):
       out_btnh = causal_attention(q_btnh, k_btkh, v_btkh, attn_mask_bt, cfg)
     else:
       cache = cache.write_layer(layer, positions_bt, k_btkh, v_btkh)
-      keys_bskh, values_bskh = cache.k[layer], cache.v[layer]
-      slots_s = jnp.arange(cache.max_len)
-      visible_bts = slots_s[None, None, :] <= positions_bt[:, :, None]
-      out_btnh = jax.nn.dot_product_attention(
-          q_btnh, keys_bskh.astype(q_btnh.dtype), values_bskh.astype(q_btnh.dtype),
-          mask=visible_bts[:, None, :, :], implementation="xla",
-      )
+      out_btnh = cached_attention(q_btnh, cache.k[layer], cache.v[layer], positions_bt)
     out_btd = self.o_proj(out_btnh.reshape(b, t, cfg.num_heads * cfg.head_dim))
     return out_btd, cache
 
