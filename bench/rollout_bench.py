@@ -73,6 +73,7 @@ class Stopwatch:
 def bench_config(args) -> "configuration.ml_collections.ConfigDict":
   cfg = configuration.load_config("explore")
   cfg.env.max_steps = args.max_steps
+  cfg.agent.max_context = args.max_context
   cfg.env.pool_workers = args.workers
   cfg.env.search_backend = args.search_backend
   cfg.tracking.progress = False
@@ -122,7 +123,7 @@ def append_results(args, results: list[dict], machine: str) -> None:
            f"- machine: {machine}",
            f"- command: `python bench/rollout_bench.py {' '.join(sys.argv[1:])}`",
            f"- commit: {commit}; preset {args.preset}, random weights, max_new_tokens {args.max_new_tokens}, "
-           f"max_steps {args.max_steps}, search backend {args.search_backend or 'default'}\n",
+           f"max_steps {args.max_steps}, max_context {args.max_context}, search backend {args.search_backend or 'default'}\n",
            "| envs | episodes | episodes/s | gen tokens/s | env steps/s | generation share | env share |",
            "|---|---|---|---|---|---|---|"]
   lines += [f"| {r['num_envs']} | {r['episodes']} | {r['episodes_per_s']} | {r['gen_tokens_per_s']} | "
@@ -141,6 +142,7 @@ def main() -> None:
   parser.add_argument("--episodes-per-env", type=int, default=4)
   parser.add_argument("--max-steps", type=int, default=10)
   parser.add_argument("--max-new-tokens", type=int, default=64)
+  parser.add_argument("--max-context", type=int, default=2048, help="tokens per sampler row (KV cache length)")
   parser.add_argument("--workers", type=int, default=2, help="EnvPool worker processes")
   parser.add_argument("--search-backend", default="", help='"" (env default) or e.g. "bm25" (no Java)')
   parser.add_argument("--no-results", action="store_true", help="do not append to bench/RESULTS.md")
