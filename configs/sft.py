@@ -22,6 +22,9 @@ def sft_section(preset: str) -> ml_collections.ConfigDict:
       weight_decay=0.0,
       max_len=4096 if real else 2048,
       grad_checkpointing=real,
+      # Loss weight of the non-agent tokens (prompt, observations); 0 = agent tokens only (ETO).
+      # The tiny model starts from random weights: reading the pages is what teaches it to copy.
+      context_loss_weight=0.0 if real else 0.2,
       checkpoint_every=200 if real else 10,  # optimizer steps between Orbax checkpoints (resume points)
       keep_checkpoints=2,
   ))
