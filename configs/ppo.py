@@ -1,6 +1,18 @@
-"""On-policy PPO with step rewards from the frozen progress estimator; spa-rl.md §2.7, §4, §7.5.
+"""Step-level PPO with step rewards from the frozen progress estimator; spa-rl.md §2.7, §4, §7.5.
 
 The default command's config: the whole chain, then the eval table of SFT, sparse PPO and SPA.
+
+Real presets (llama3.2-1b / 3b / 3.1-8b / 3b-tpu) take the released PPO hyper-parameters
+(spa-rl.md §4): LoRA r 8, alpha 16 on q_proj, v_proj (config.model.lora); Adam LR 1e-5 constant;
+32 trajectories per PPO step, mini-batch 2 x grad_accum 4 (8 trajectories per optimizer update);
+4 PPO epochs; gamma 0.99; lambda 0.95; clip 0.2; value clip 0.2; vf_coef 0.1; no entropy bonus;
+skip a batch whose mean ratio exceeds 10; KL estimator "kl" with the adaptive controller (init
+0.3, target 6, horizon 10,000); whitened advantages; context 4,096. Where we depart on purpose:
+on-policy ("online") iterations by default (§7.5), the estimator's own c_t (§7.1), unscaled step
+rewards (§7.3), a separate critic (released: a value head on the shared LoRA backbone), and 50
+iterations (released: one offline epoch, about 49 PPO steps, over 1,596 trajectories).
+
+The tiny preset is sized for the 20-minute CPU budget of the whole default command.
 """
 
 import ml_collections
@@ -11,16 +23,23 @@ from spa_jax.configuration import load_sibling
 def ppo_section(preset: str) -> ml_collections.ConfigDict:
   real = load_sibling(__file__, "base").is_real(preset)
   return ml_collections.ConfigDict(dict(
-      finetune="lora",  # "lora" | "full"
+      # "online": each iteration samples fresh rollouts of the current policy, labels them with the
+      # frozen estimator + env grounding, updates; "offline": PPO on the labelled held-out
+      # exploration trajectories (label/labels.jsonl), as the released pipeline does.
+      mode="online",
+      finetune="lora",  # "lora" (policy LoRA, critic LoRA + head) | "full"
       # One PPO run per mode, each from the SFT policy, writing policy "ppo_<mode>":
       # "spa" (progress + grounding), "sparse" (final reward only), "grounding_only".
       reward_modes="sparse,spa",
-      iterations=50 if real else 2,  # rollout + update rounds
-      rollouts_per_iteration=32 if real else 8,  # trajectories per PPO step (global)
-      mini_batch_size=2 if real else 4,
-      grad_accum=4 if real else 1,
+      critic_init="sft",  # critic backbone: "sft" (policy) | "prm" (the estimator's); the head starts at 0
+      iterations=50 if real else 3,  # rollout + update rounds
+      rollouts_per_iteration=32 if real else 16,  # trajectories per PPO step (global)
+      samples_per_task=1,  # episodes per train task in one iteration (online)
+      mini_batch_size=2 if real else 8,  # trajectories per micro-batch
+      grad_accum=4 if real else 1,  # micro-batches per optimizer update
       ppo_epochs=4 if real else 2,
-      learning_rate=1e-5 if real else 1e-4,
+      learning_rate=1e-5 if real else 1e-3,
+      grad_clip=1.0,
       gamma=0.99,
       gae_lambda=0.95,
       clip_ratio=0.2,
@@ -29,11 +48,16 @@ def ppo_section(preset: str) -> ml_collections.ConfigDict:
       entropy_coef=0.0,
       max_mean_ratio=10.0,  # skip a batch whose mean ratio exceeds this
       whiten_advantages=True,
-      kl=ml_collections.ConfigDict(dict(adaptive=True, init_coef=0.3, target=6.0, horizon=10000)),
+      kl=ml_collections.ConfigDict(dict(
+          adaptive=True, init_coef=0.3 if real else 0.05, target=6.0, horizon=10000,
+          estimator="kl",  # "kl" (log pi - log ref) | "k3"
+      )),
       temperature=1.0,
       top_p=1.0,
       max_new_tokens=512 if real else 96,
-      max_len=4096 if real else 2048,
+      max_len=4096 if real else 2048,  # longer rollouts are left out of the update
+      checkpoint_every=5 if real else 1,  # iterations between Orbax checkpoints (resume points)
+      keep_checkpoints=2,
   ))
 
 

@@ -1,4 +1,10 @@
-"""Progress estimator training on exploration trajectories; spa-rl.md §2.4, §4 and §7.6."""
+"""Progress estimator training on exploration trajectories; spa-rl.md §2.4, §4 and §7.6.
+
+Real presets follow the released estimator (§4): full backbone from the SFT policy, 1 epoch,
+global batch 16, Adam LR 3e-6 with a 500-step linear warmup, weight decay 0.01, clip 1.0, bf16,
+sequences up to 4,096 tokens. The head is a hidden-state `ScalarHead`, not the released
+Linear(vocab, 1) on logits (§7.13). The tiny preset trains faster (LR 1e-3) on little data.
+"""
 
 import ml_collections
 
@@ -8,16 +14,22 @@ from spa_jax.configuration import load_sibling
 def prm_section(preset: str) -> ml_collections.ConfigDict:
   real = load_sibling(__file__, "base").is_real(preset)
   return ml_collections.ConfigDict(dict(
-      finetune="full",  # "full" | "lora"
-      epochs=1 if real else 2,
-      batch_size=16 if real else 8,
+      finetune="full",  # "full" | "lora" (LoRA adapters per model.lora, plus the head)
+      dtype="",  # activations: "" (model.dtype) | "bfloat16" | "float32"
+      epochs=1 if real else 4,
+      batch_size=16 if real else 8,  # trajectories per optimizer step (global)
       micro_batch_size=2 if real else 8,
       learning_rate=3e-6 if real else 1e-3,
-      warmup_steps=500 if real else 2,
+      warmup_steps=500 if real else 2,  # linear warmup, then constant
       weight_decay=0.01,
       grad_clip=1.0,
-      max_len=4096 if real else 2048,
-      holdout_fraction=0.1,  # tasks held out to report estimator MSE out of sample
+      max_len=4096 if real else 2048,  # longer trajectories are left out (counted in the summary)
+      # Tasks held out (never trained on) to report estimator MSE / correlation out of sample; the
+      # label stage labels only these trajectories for offline PPO.
+      holdout_fraction=0.1 if real else 0.25,
+      checkpoint_every=200 if real else 10,  # optimizer steps between Orbax checkpoints
+      keep_checkpoints=2,
+      plot_examples=4,  # held-out trajectories in plots/prm_progress.png
   ))
 
 

@@ -1,0 +1,360 @@
+"""PPO stage: step-level PPO from the SFT policy, one run per reward mode (spa-rl.md §1, §4, §7).
+
+Each agent turn is one action (step). Per iteration:
+
+1. data: `ppo.mode = "online"` (default) samples `rollouts_per_iteration` fresh episodes of the
+   current policy on the train tasks (F's episodes, written to trajectories/ppo_<mode>_it<k>.p*.jsonl);
+   `"offline"` (the released pipeline, §7.5) takes the next `rollouts_per_iteration` trajectories
+   of the labelled held-out exploration set (label/labels.jsonl);
+2. step rewards (`training.rewards.step_rewards`, reward mode m): "spa" = alpha c_t + beta g_t with
+   c_t from the FROZEN progress estimator (online) or the label file (offline) and g_t the env's
+   grounding; "sparse" = R at the last step; "grounding_only" = beta g_t plus R at the last step;
+3. old log-probs: the current (= sampling, online) policy before the update; reference log-probs:
+   the frozen SFT policy (LoRA: the same network with adapters zeroed); values: the critic, a
+   separate `ValueModel` (backbone from the SFT policy or the estimator, `ppo.critic_init`, fresh
+   head) read at each step's START (the last token before the action);
+4. targets (`training.ppo_targets`): KL-shaped rewards r_t - kl_coef KL_t, GAE over steps (a
+   step-limit truncation is terminal: the env gives it reward 0), whitened advantages;
+5. `ppo_epochs` passes over shuffled mini-batches of `mini_batch_size * grad_accum` trajectories
+   (`grad_accum` micro-batches each): clipped policy + clipped value loss (`training.make_ppo_step`);
+6. the KL coefficient's controller (fixed or adaptive) sees the batch's mean KL.
+
+Each mode m starts from the SFT policy and writes policies/ppo_<m>/ (LoRA merged),
+checkpoints/ppo/<config hash>/<m>/ (after every `checkpoint_every` iterations; a rerun resumes),
+metrics/ppo_<m>.jsonl and plots/ppo_<m>.png.
+"""
+
+import dataclasses
+import logging
+import shutil
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+
+from spa_jax import distributed, tracking
+from spa_jax.configuration import split_names
+from spa_jax.models import Llama, LlamaConfig, ValueModel, apply_lora, merge_lora
+from spa_jax.rollout import episodes
+from spa_jax.rollout.trajectory_store import read_trajectories
+from spa_jax.sharding import shard_model
+from spa_jax.stages import common, label, prm
+from spa_jax.stages.sft import bucket_length
+from spa_jax.training.checkpoint import Checkpointer
+from spa_jax.training.global_batch import to_global_batch
+from spa_jax.training.kl import make_kl_controller
+from spa_jax.training.optim import OptimizerConfig, make_optimizer
+from spa_jax.training.ppo_targets import ppo_targets
+from spa_jax.training.rewards import REWARD_MODES, step_rewards
+from spa_jax.training.steps import (PPOConfig, PPOState, forward_logprobs, forward_step_values,
+                                    lora_reference, make_ppo_step)
+from spa_jax.training.train_state import TrainState, abstract_train_state, create_train_state
+from spa_jax.workspace import Workspace
+
+MODES = ("online", "offline")
+CRITIC_INITS = ("sft", "prm")
+TRAINABLE = {"full": ("full", "full"), "lora": ("lora", "lora_and_head")}  # (policy, critic)
+
+
+def check_config(cfg: ml_collections.ConfigDict) -> None:
+  """Fails naming the bad ppo setting and its fix."""
+  p = cfg.ppo
+  errors = []
+  if p.mode not in MODES:
+    errors.append(f"ppo.mode={p.mode!r}: use one of {MODES}")
+  if p.critic_init not in CRITIC_INITS:
+    errors.append(f"ppo.critic_init={p.critic_init!r}: use one of {CRITIC_INITS}")
+  bad = [m for m in split_names(p.reward_modes) if m not in REWARD_MODES]
+  if bad:
+    errors.append(f"ppo.reward_modes has unknown mode(s) {bad}: use {REWARD_MODES}")
+  rows = p.mini_batch_size * p.grad_accum
+  if p.rollouts_per_iteration % rows:
+    errors.append(f"ppo.rollouts_per_iteration={p.rollouts_per_iteration} must be a multiple of "
+                  f"ppo.mini_batch_size * ppo.grad_accum = {rows}")
+  if p.rollouts_per_iteration % p.samples_per_task:
+    errors.append(f"ppo.rollouts_per_iteration={p.rollouts_per_iteration} must be a multiple of "
+                  f"ppo.samples_per_task={p.samples_per_task}")
+  if errors:
+    raise ValueError("Invalid ppo config:\n  " + "\n  ".join(errors))
+
+
+# ----------------------------------------------------------------------------- models and state
+
+
+def _with_lora(cfg: ml_collections.ConfigDict, model: Llama, seed: int) -> Llama:
+  if cfg.ppo.finetune == "lora":
+    lora = cfg.model.lora
+    apply_lora(model, lora.rank, lora.alpha, tuple(lora.targets.split(",")), rngs=nnx.Rngs(seed))
+  return model
+
+
+def _critic(cfg: ml_collections.ConfigDict, backbone: Llama) -> ValueModel:
+  return ValueModel(_with_lora(cfg, backbone, cfg.seed + 11), nnx.Rngs(cfg.seed + 12))
+
+
+def optimizer(cfg: ml_collections.ConfigDict):
+  return make_optimizer(OptimizerConfig(learning_rate=cfg.ppo.learning_rate, schedule="constant",
+                                        grad_clip_norm=cfg.ppo.grad_clip))
+
+
+def _critic_dir(cfg: ml_collections.ConfigDict, ws: Workspace):
+  return prm.estimator_dir(ws) if cfg.ppo.critic_init == "prm" else common.policy_dir(ws, "sft")
+
+
+def initial_state(cfg: ml_collections.ConfigDict, ws: Workspace, mesh, tx) -> tuple[LlamaConfig, PPOState]:
+  """Policy (SFT, + LoRA) and critic (SFT or estimator backbone, + LoRA, fresh head) train states."""
+  policy_trainable, critic_trainable = TRAINABLE[cfg.ppo.finetune]
+  model_cfg, policy = prm.load_backbone(cfg, common.policy_dir(ws, "sft"), mesh, cfg.model.dtype)
+  _, critic_backbone = prm.load_backbone(cfg, _critic_dir(cfg, ws), mesh, cfg.model.dtype)
+  policy = shard_model(_with_lora(cfg, policy, cfg.seed + 10), mesh)
+  critic = shard_model(_critic(cfg, critic_backbone), mesh)
+  return model_cfg, PPOState(policy=create_train_state(policy, tx, trainable=policy_trainable, seed=cfg.seed),
+                             critic=create_train_state(critic, tx, trainable=critic_trainable, seed=cfg.seed))
+
+
+def abstract_state(cfg: ml_collections.ConfigDict, model_cfg: LlamaConfig, tx, mesh) -> PPOState:
+  """`initial_state`'s shapes and shardings: the restore target of a checkpoint."""
+  policy_trainable, critic_trainable = TRAINABLE[cfg.ppo.finetune]
+  policy = abstract_train_state(lambda: _with_lora(cfg, Llama(model_cfg, rngs=nnx.Rngs(0)), 0), tx,
+                                trainable=policy_trainable, mesh=mesh)
+  critic = abstract_train_state(lambda: _critic(cfg, Llama(model_cfg, rngs=nnx.Rngs(0))), tx,
+                                trainable=critic_trainable, mesh=mesh)
+  return PPOState(policy=policy, critic=critic)
+
+
+def frozen_sft(cfg: ml_collections.ConfigDict, ws: Workspace, mesh) -> TrainState:
+  """The SFT policy as a never-updated train state: the reference of full fine-tuning."""
+  _, model = prm.load_backbone(cfg, common.policy_dir(ws, "sft"), mesh, cfg.model.dtype)
+  return create_train_state(model, optax.set_to_zero(), trainable="full")
+
+
+def sampling_model(policy: TrainState) -> Llama:
+  """The policy as a plain Llama (LoRA merged into a copy), for the sampler and for export."""
+  model = nnx.merge(policy.graphdef, policy.params, policy.frozen)
+  return merge_lora(model)
+
+
+# ----------------------------------------------------------------------------- data per iteration
+
+
+@dataclasses.dataclass
+class Shared:
+  """What every reward mode's run uses: tokenizer, mesh, sampler, env pool, the frozen models."""
+  cfg: ml_collections.ConfigDict
+  ws: Workspace
+  tokenizer: object
+  mesh: object
+  sampler: object = None
+  pool: object = None
+  estimator: TrainState | None = None
+  reference: TrainState | None = None  # full fine-tuning: the frozen SFT policy
+  offline: list[prm.TrajectorySequence] | None = None
+  offline_progress: dict[str, np.ndarray] | None = None
+
+
+def online_sequences(shared: Shared, mode: str, iteration: int, state: PPOState) -> tuple[list, dict]:
+  """Fresh episodes of the current policy on the next train tasks: (sequences, rollout summary)."""
+  cfg = shared.cfg
+  per_iteration = cfg.ppo.rollouts_per_iteration // cfg.ppo.samples_per_task
+  all_tasks = common.split_tasks(cfg, cfg.env.train_split, None)
+  order = np.random.default_rng([cfg.seed, 31]).permutation(len(all_tasks))
+  tasks = [all_tasks[order[(iteration * per_iteration + k) % len(all_tasks)]] for k in range(per_iteration)]
+  name = f"ppo_{mode}_it{iteration:04d}"
+  _, params = nnx.split(sampling_model(state.policy))
+  common.rollout(cfg, shared.ws, policy=f"ppo_{mode}@{iteration}", sampler=shared.sampler, params=params,
+                 tokenizer=shared.tokenizer, tasks=tasks, split=cfg.env.train_split, name=name,
+                 samples_per_task=cfg.ppo.samples_per_task, temperature=cfg.ppo.temperature,
+                 top_p=cfg.ppo.top_p, max_new_tokens=cfg.ppo.max_new_tokens,
+                 seed=cfg.seed * 100_003 + REWARD_MODES.index(mode) * 10_007 + iteration, pool=shared.pool)
+  distributed.barrier(f"{name}-written")
+  records = read_trajectories(shared.ws, name)
+  sequences, _ = prm.load_sequences(records, shared.tokenizer, cfg.ppo.max_len)
+  return sequences, episodes.summarize(records)
+
+
+def offline_sequences(shared: Shared, iteration: int) -> tuple[list, dict]:
+  """The next `rollouts_per_iteration` labelled held-out exploration trajectories (cycling)."""
+  data, count = shared.offline, shared.cfg.ppo.rollouts_per_iteration
+  order = np.random.default_rng([shared.cfg.seed, 37]).permutation(len(data))
+  picked = [data[order[(iteration * count + k) % len(data)]] for k in range(min(count, len(data)))]
+  return picked, {"score": 100.0 * float(np.mean([s.final_reward for s in picked])),
+                  "grounding": 100.0 * float(np.mean([g for s in picked for g in s.grounding]))}
+
+
+def load_offline(shared: Shared) -> None:
+  """The labelled trajectories (label/labels.jsonl) and their estimator outputs."""
+  cfg = shared.cfg
+  labels = label.read_labels(shared.ws)
+  records = [r for r in read_trajectories(shared.ws, prm.EXPLORE) if f"{r['task_id']}:{r['rollout']}" in labels]
+  sequences, _ = prm.load_sequences(records, shared.tokenizer, cfg.ppo.max_len)
+  if not sequences:
+    raise ValueError("offline PPO has no labelled trajectories: the label stage labels the held-out tasks "
+                     "only; raise prm.holdout_fraction or explore.max_tasks")
+  shared.offline = sequences
+  shared.offline_progress = {key: np.array([row["progress"] for row in rows], np.float32)
+                             for key, rows in labels.items()}
+
+
+def progress_of(shared: Shared, mode: str, sequences) -> dict[str, np.ndarray]:
+  """c_t per step: the label file's (offline) or the frozen estimator's (online); zeros when the
+  reward mode does not use it."""
+  if mode != "spa":
+    return {s.key: np.zeros(s.num_steps, np.float32) for s in sequences}
+  if shared.offline is not None:
+    return {s.key: shared.offline_progress[s.key] for s in sequences}
+  cfg = shared.cfg
+  return prm.estimate_progress(shared.estimator, sequences, **label.estimator_forward(cfg, shared.tokenizer, shared.mesh))
+
+
+def reward_batch(cfg: ml_collections.ConfigDict, mode: str, sequences, progress, pad_id: int) -> dict[str, np.ndarray]:
+  """The trajectory batch of one iteration (rollouts_per_iteration rows, one length bucket) with
+  its task rewards `task_rewards_bs` for reward mode `mode`."""
+  seq_len = max(bucket_length(len(s.tokens), cfg.ppo.max_len) for s in sequences)
+  batch = prm.sequence_batch(sequences, seq_len, cfg.ppo.rollouts_per_iteration, cfg.env.max_steps, pad_id)
+  progress_bs = np.zeros_like(batch["grounding_bs"])
+  for row, sequence in enumerate(sequences):
+    progress_bs[row, :sequence.num_steps] = progress[sequence.key]
+  rewards_bs = step_rewards(mode, progress_bs=jnp.asarray(progress_bs), grounding_bs=jnp.asarray(batch["grounding_bs"]),
+                            step_mask_bs=jnp.asarray(batch["step_mask_bs"]),
+                            final_reward_b=jnp.asarray(batch["final_reward_b"]),
+                            alpha=cfg.label.progress_coef, beta=cfg.label.grounding_coef)
+  return batch | {"task_rewards_bs": np.asarray(rewards_bs)}
+
+
+# ----------------------------------------------------------------------------- one iteration
+
+
+def targets_batch(shared: Shared, state: PPOState, batch: dict[str, np.ndarray], kl_coef: float) -> tuple[dict, dict]:
+  """The batch with old log-probs, old values, advantages and returns (host numpy), and the KL stats."""
+  cfg, mesh = shared.cfg, shared.mesh
+  reference = shared.reference or lora_reference(state.policy)
+  micro = cfg.ppo.grad_accum
+  with jax.set_mesh(mesh):
+    inputs = to_global_batch(prm.process_rows(batch), mesh)
+    old_logp_bt = forward_logprobs(state.policy, inputs, num_micro_batches=micro)
+    ref_logp_bt = forward_logprobs(reference, inputs, num_micro_batches=micro)
+    old_values_bs = forward_step_values(state.critic, inputs, at="start", num_micro_batches=micro)
+    targets = ppo_targets(inputs, old_logp_bt=old_logp_bt, ref_logp_bt=ref_logp_bt, old_values_bs=old_values_bs,
+                          task_rewards_bs=inputs["task_rewards_bs"], kl_coef=jnp.float32(kl_coef),
+                          gamma=cfg.ppo.gamma, lam=cfg.ppo.gae_lambda, kl_estimator=cfg.ppo.kl.estimator,
+                          whiten_advantages=cfg.ppo.whiten_advantages)
+  extra = {"old_logp_bt": old_logp_bt, "old_values_bs": old_values_bs,
+           "advantages_bt": targets["advantages_bt"], "returns_bs": targets["returns_bs"]}
+  full = batch | {key: prm.to_host(value) for key, value in extra.items()}
+  has_steps = batch["step_mask_bs"].any(axis=1)
+  stats = {"kl": float(targets["mean_kl"]), "kl_coef": kl_coef,
+           "shaped_return": float(prm.to_host(targets["rewards_bs"]).sum(axis=1)[has_steps].mean()),
+           "task_return": float(batch["task_rewards_bs"].sum(axis=1)[has_steps].mean())}
+  return full, stats
+
+
+def update(shared: Shared, step_fn, state: PPOState, batch: dict[str, np.ndarray], iteration: int):
+  """`ppo_epochs` passes of shuffled mini-batches; returns (state, mean metrics over the updates)."""
+  cfg = shared.cfg
+  rows = cfg.ppo.mini_batch_size * cfg.ppo.grad_accum
+  keys = [k for k in batch if k not in ("grounding_bs", "task_rewards_bs", "final_reward_b")]
+  history = []
+  for epoch in range(cfg.ppo.ppo_epochs):
+    order = np.random.default_rng([cfg.seed, iteration, epoch]).permutation(len(batch["tokens_bt"]))
+    for start in range(0, len(order), rows):
+      index = order[start:start + rows]
+      mini = {key: batch[key][index] for key in keys}
+      with jax.set_mesh(shared.mesh):
+        state, metrics = step_fn(state, to_global_batch(prm.process_rows(mini), shared.mesh))
+      history.append({name: float(value) for name, value in metrics.items()})
+  return state, {name: float(np.mean([h[name] for h in history])) for name in history[0]}
+
+
+# ----------------------------------------------------------------------------- one reward mode
+
+
+def checkpointer(cfg: ml_collections.ConfigDict, ws: Workspace, mode: str) -> Checkpointer:
+  """checkpoints/ppo/<fingerprint>/<mode>/; checkpoints of other configs or inputs are removed."""
+  root = ws.checkpoint_dir("ppo")
+  current = root / prm.run_fingerprint(cfg, "ppo")
+  if distributed.is_main_process():
+    for stale in root.iterdir():
+      if stale != current:
+        shutil.rmtree(stale, ignore_errors=True)
+  distributed.barrier(f"ppo-checkpoints-{mode}")
+  return Checkpointer(current / mode, save_every=cfg.ppo.checkpoint_every, keep=cfg.ppo.keep_checkpoints)
+
+
+def train_mode(shared: Shared, mode: str) -> dict:
+  """PPO from the SFT policy with reward mode `mode`; writes policy ppo_<mode>; returns its summary."""
+  cfg, ws = shared.cfg, shared.ws
+  tx = optimizer(cfg)
+  controller = make_kl_controller("adaptive" if cfg.ppo.kl.adaptive else "fixed", init=cfg.ppo.kl.init_coef,
+                                  target=cfg.ppo.kl.target, horizon=cfg.ppo.kl.horizon)
+  ckpt = checkpointer(cfg, ws, mode)
+  resumed = ckpt.latest_step() is not None
+  if resumed:
+    model_cfg = prm.backbone_config(cfg, common.policy_dir(ws, "sft"), cfg.model.dtype)
+    state, metadata = ckpt.restore(abstract_state(cfg, model_cfg, tx, shared.mesh))
+    start, kl_coef = metadata["iteration"], metadata["kl_coef"]
+    logging.info("ppo %s: resuming after iteration %d of %d", mode, start, cfg.ppo.iterations)
+  else:
+    model_cfg, state = initial_state(cfg, ws, shared.mesh, tx)
+    start, kl_coef = 0, controller.initial()
+  step_fn = make_ppo_step(state, PPOConfig(
+      clip_eps=cfg.ppo.clip_ratio, value_clip_eps=cfg.ppo.value_clip, vf_coef=cfg.ppo.vf_coef,
+      entropy_coef=cfg.ppo.entropy_coef, max_mean_ratio=cfg.ppo.max_mean_ratio,
+      num_micro_batches=cfg.ppo.grad_accum))
+  metrics_name = f"ppo_{mode}"
+  last = {}
+  with tracking.MetricsWriter(ws, metrics_name, cfg.tracking.tensorboard, append=resumed) as writer:
+    for iteration in range(start, cfg.ppo.iterations):
+      if shared.offline is not None:
+        sequences, rollout = offline_sequences(shared, iteration)
+      else:
+        sequences, rollout = online_sequences(shared, mode, iteration, state)
+      if not sequences:
+        raise ValueError(f"ppo {mode} iteration {iteration}: every rollout was dropped (no steps or longer "
+                         f"than ppo.max_len={cfg.ppo.max_len})")
+      batch = reward_batch(cfg, mode, sequences, progress_of(shared, mode, sequences), shared.tokenizer.pad_id)
+      batch, kl_stats = targets_batch(shared, state, batch, kl_coef)
+      state, train = update(shared, step_fn, state, batch, iteration)
+      kl_coef = controller.update(kl_coef, kl_stats["kl"], len(sequences))
+      last = {**{k: v for k, v in rollout.items() if isinstance(v, (int, float))}, **kl_stats, **train,
+              "trajectories": len(sequences)}
+      writer.write(iteration + 1, last)
+      logging.info("ppo %s iteration %d/%d: score %.1f, policy loss %.4f, value loss %.4f, KL %.4f",
+                   mode, iteration + 1, cfg.ppo.iterations, rollout.get("score", float("nan")),
+                   train["policy_loss"], train["value_loss"], kl_stats["kl"])
+      ckpt.save(iteration + 1, state, {"iteration": iteration + 1, "kl_coef": kl_coef,
+                                       "fingerprint": prm.run_fingerprint(cfg, "ppo")},
+                force=iteration + 1 == cfg.ppo.iterations)
+  ckpt.close()
+  outputs = common.save_policy(ws, metrics_name, sampling_model(state.policy), model_cfg)
+  if cfg.tracking.plots and distributed.is_main_process() and ws.metrics_path(metrics_name).exists():
+    tracking.plot_metrics(ws.metrics_path(metrics_name), ws.plot_path(metrics_name), title=f"PPO ({mode} rewards)")
+    outputs.append(str(ws.plot_path(metrics_name)))
+  return {"resumed": resumed, "final": last, "outputs": outputs}
+
+
+def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
+  check_config(cfg)
+  modes = split_names(cfg.ppo.reward_modes)
+  shared = Shared(cfg=cfg, ws=ws, tokenizer=common.load_tokenizer(cfg, ws), mesh=common.make_mesh(cfg))
+  if cfg.ppo.finetune == "full":
+    shared.reference = frozen_sft(cfg, ws, shared.mesh)
+  if cfg.ppo.mode == "offline":
+    load_offline(shared)
+  elif "spa" in modes:
+    shared.estimator = prm.load_estimator(cfg, ws, shared.mesh)
+  summaries = {}
+  if cfg.ppo.mode == "online":
+    model_cfg = prm.backbone_config(cfg, common.policy_dir(ws, "sft"), cfg.model.dtype)
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: Llama(model_cfg, rngs=nnx.Rngs(0))))
+    shared.sampler = common.make_sampler(cfg, model_cfg, graphdef, shared.tokenizer, shared.mesh)
+    with common.open_pool(cfg, shared.sampler.batch_size) as shared.pool:
+      summaries = {mode: train_mode(shared, mode) for mode in modes}
+  else:
+    summaries = {mode: train_mode(shared, mode) for mode in modes}
+  return {**{f"{mode}_{key}": value for mode, s in summaries.items() for key, value in s["final"].items()
+             if key in ("score", "kl", "policy_loss", "value_loss", "task_return")},
+          "resumed": {mode: s["resumed"] for mode, s in summaries.items()},
+          "outputs": [path for s in summaries.values() for path in s["outputs"]]}

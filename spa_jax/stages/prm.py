@@ -1,0 +1,401 @@
+"""Progress-estimator stage (spa-rl.md §1, §2.4, §7.4, §7.6), resumable.
+
+The estimator is a `ValueModel`: a backbone initialised from the SFT policy plus a `ScalarHead`
+read at the END of each agent action turn (the action's closing end-of-turn token,
+`step_end_idx_bs`). Only the environment actions are steps: the instruction, "OK" and
+demonstration turns are outside the trajectories' action masks, so they carry no c_t. It is
+trained so that the per-step contributions of a trajectory sum to its final reward
+(`training.progress_loss`), full / LoRA(+head) per `prm.finetune`, in `prm.dtype` activations.
+
+Held-out split: `prm.holdout_fraction` of the exploration TASK ids (chosen by `seed`) are never
+trained on, so no task leaks; every epoch reports MSE and Pearson correlation of the predicted sums
+against the final rewards on the held-out and the train trajectories. The label stage labels the
+held-out trajectories only (out of sample), and PPO applies the frozen estimator to fresh rollouts.
+
+Writes prm/estimator/ (HF directory of the backbone, LoRA merged, plus head.safetensors),
+prm/split.json (train / held-out task ids), checkpoints/prm/<config hash>/, metrics/prm.jsonl,
+plots/prm.png (metrics) and plots/prm_progress.png (per-step progress of held-out examples).
+"""
+
+import dataclasses
+import json
+import logging
+import math
+import pathlib
+import shutil
+
+import jax
+import matplotlib.pyplot as plt
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+from safetensors.numpy import load_file, save_file
+
+from spa_jax import distributed, pipeline, tracking
+from spa_jax.models import Llama, LlamaConfig, ValueModel, apply_lora, load_hf, save_hf
+from spa_jax.rollout import episodes
+from spa_jax.rollout.agent_format import build_sft_example
+from spa_jax.rollout.trajectory_store import read_trajectories
+from spa_jax.sharding import shard_model
+from spa_jax.stages import common
+from spa_jax.stages.sft import bucket_length, epoch_batches
+from spa_jax.training.batch import make_trajectory_batch
+from spa_jax.training.checkpoint import Checkpointer
+from spa_jax.training.global_batch import to_global_batch
+from spa_jax.training.optim import OptimizerConfig, make_optimizer
+from spa_jax.training.steps import forward_step_values, make_progress_step
+from spa_jax.training.train_state import TrainState, abstract_train_state, create_train_state
+from spa_jax.workspace import Workspace, write_json_atomic
+
+EXPLORE = "explore"
+ESTIMATOR_DIR = "estimator"
+HEAD_FILE = "head.safetensors"
+SPLIT_FILE = "split.json"
+PROGRESS_PLOT = "prm_progress"
+TRAINABLE = {"full": "full", "lora": "lora_and_head"}
+
+
+# ----------------------------------------------------------------------------- trajectories
+
+
+@dataclasses.dataclass(frozen=True)
+class TrajectorySequence:
+  """One trajectory as the training layout needs it: tokens, action mask, per-step grounding."""
+  task_id: int
+  rollout: int
+  tokens: list[int]
+  action_mask: list[int]  # 1 on the env actions' tokens (each closed by its end-of-turn token)
+  grounding: list[float]  # g_s per step: 1 for an action the env accepted (record `valid`)
+  actions: list[str | None]  # parsed action per step (None: unparsable)
+  final_reward: float
+
+  @property
+  def num_steps(self) -> int:
+    return len(self.grounding)
+
+  @property
+  def key(self) -> str:
+    return f"{self.task_id}:{self.rollout}"
+
+
+def _action_runs(mask: list[int]) -> list[tuple[int, int]]:
+  """[start, end) of each run of ones in a 0/1 mask."""
+  edges = np.diff(np.concatenate([[0], np.asarray(mask, np.int8), [0]]))
+  return list(zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist()))
+
+
+def trajectory_sequence(record: dict, tokenizer) -> TrajectorySequence:
+  """The record's exact token sequence (or, with history elision, its re-encoded conversation).
+
+  An episode cut by the context limit in the middle of a generation has one more action run
+  than steps; the sequence ends after the last completed step's action.
+  """
+  if record["tokens"] is not None:
+    tokens, mask = list(record["tokens"]), list(record["action_mask"])
+  else:
+    example = build_sft_example(episodes.trajectory_conversation(record), tokenizer)
+    tokens, mask = example.ids, example.step_mask
+  runs = _action_runs(mask)
+  num_steps = record["num_steps"]
+  if len(runs) < num_steps or len(runs) > num_steps + 1:
+    raise ValueError(f"trajectory task {record['task_id']} rollout {record['rollout']}: {len(runs)} "
+                     f"action spans in its action mask for {num_steps} steps; the record is corrupt")
+  end = runs[num_steps - 1][1] if num_steps else 0
+  return TrajectorySequence(
+      task_id=int(record["task_id"]), rollout=int(record["rollout"]), tokens=tokens[:end],
+      action_mask=mask[:end], grounding=[float(step["valid"]) for step in record["steps"]],
+      actions=[step["parsed_action"] for step in record["steps"]],
+      final_reward=float(record["final_reward"]))
+
+
+def load_sequences(records: list[dict], tokenizer, max_len: int) -> tuple[list[TrajectorySequence], dict]:
+  """Sequences of the records with at least one step and at most `max_len` tokens; (kept, counts)."""
+  sequences = [trajectory_sequence(r, tokenizer) for r in records]
+  kept = [s for s in sequences if s.num_steps and len(s.tokens) <= max_len]
+  return kept, {"no_steps": sum(not s.num_steps for s in sequences),
+                "too_long": sum(s.num_steps > 0 and len(s.tokens) > max_len for s in sequences)}
+
+
+def holdout_split(task_ids: list[int], fraction: float, seed: int) -> tuple[list[int], list[int]]:
+  """(train, held-out) task ids: ceil(fraction * #tasks) random tasks held out (at least one task
+  on each side when fraction > 0 and there are two or more tasks)."""
+  tasks = sorted(set(task_ids))
+  if fraction <= 0 or len(tasks) < 2:
+    return tasks, []
+  count = min(len(tasks) - 1, max(1, math.ceil(fraction * len(tasks))))
+  held = set(np.random.default_rng([seed, 7]).permutation(tasks)[:count].tolist())
+  return [t for t in tasks if t not in held], [t for t in tasks if t in held]
+
+
+def sequence_batch(sequences: list[TrajectorySequence], seq_len: int, batch_size: int,
+                   max_steps: int, pad_id: int) -> dict[str, np.ndarray]:
+  """The `training.batch` layout of `sequences`, padded with step-less rows to `batch_size`,
+  plus `grounding_bs` (g_s per step, 0 on padding)."""
+  empty = [[]] * (batch_size - len(sequences))
+  batch = make_trajectory_batch([s.tokens for s in sequences] + empty,
+                                [s.action_mask for s in sequences] + empty,
+                                [s.final_reward for s in sequences] + [0.0] * len(empty),
+                                seq_len=seq_len, max_steps=max_steps, pad_id=pad_id)
+  grounding_bs = np.zeros((batch_size, max_steps), np.float32)
+  for row, sequence in enumerate(sequences):
+    grounding_bs[row, :sequence.num_steps] = sequence.grounding
+  return batch | {"grounding_bs": grounding_bs}
+
+
+def process_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """This process's contiguous block of a global batch's rows (what `to_global_batch` expects)."""
+  k, n = distributed.process_index(), distributed.process_count()
+  return {key: x[k * (len(x) // n):(k + 1) * (len(x) // n)] for key, x in batch.items()}
+
+
+def to_host(x: jax.Array) -> np.ndarray:
+  """A global array's full value on every process."""
+  if distributed.process_count() == 1:
+    return np.asarray(x)
+  from jax.experimental import multihost_utils
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def length_groups(sequences: list[TrajectorySequence], batch_size: int, max_len: int):
+  """(seq_len, sequences) chunks of at most `batch_size`, sorted by length (few compiled shapes)."""
+  order = sorted(range(len(sequences)), key=lambda i: len(sequences[i].tokens))
+  for start in range(0, len(order), batch_size):
+    rows = [sequences[i] for i in order[start:start + batch_size]]
+    yield max(bucket_length(len(s.tokens), max_len) for s in rows), rows
+
+
+def estimate_progress(state: TrainState, sequences: list[TrajectorySequence], *, batch_size: int,
+                      num_micro_batches: int, max_len: int, max_steps: int, pad_id: int,
+                      mesh) -> dict[str, np.ndarray]:
+  """The estimator's c_t per step of every sequence: {sequence key: float32 [num_steps]}."""
+  progress = {}
+  with jax.set_mesh(mesh):
+    for seq_len, rows in length_groups(sequences, batch_size, max_len):
+      batch = sequence_batch(rows, seq_len, batch_size, max_steps, pad_id)
+      inputs = to_global_batch(process_rows(batch), mesh)
+      values_bs = to_host(forward_step_values(state, inputs, at="end",
+                                              num_micro_batches=num_micro_batches))
+      for row, sequence in enumerate(rows):
+        progress[sequence.key] = values_bs[row, :sequence.num_steps].astype(np.float32)
+  return progress
+
+
+def fit_metrics(sequences: list[TrajectorySequence], progress: dict[str, np.ndarray]) -> dict[str, float]:
+  """MSE and Pearson correlation of predicted sums sum_t c_t against final rewards R (Pearson is
+  NaN when either side is constant)."""
+  predicted = np.array([progress[s.key].sum() for s in sequences], np.float64)
+  rewards = np.array([s.final_reward for s in sequences], np.float64)
+  if not len(sequences):
+    return {"mse": float("nan"), "pearson": float("nan"), "trajectories": 0}
+  constant = predicted.std() < 1e-12 or rewards.std() < 1e-12
+  return {"mse": float(np.mean((predicted - rewards) ** 2)),
+          "pearson": float("nan") if constant else float(np.corrcoef(predicted, rewards)[0, 1]),
+          "mean_predicted": float(predicted.mean()), "mean_reward": float(rewards.mean()),
+          "trajectories": len(sequences)}
+
+
+# ----------------------------------------------------------------------------- the estimator model
+
+
+def activation_dtype(cfg: ml_collections.ConfigDict) -> str:
+  return cfg.prm.dtype or cfg.model.dtype
+
+
+def _estimator_module(backbone: Llama, cfg: ml_collections.ConfigDict, seed: int) -> ValueModel:
+  if cfg.prm.finetune == "lora":
+    lora = cfg.model.lora
+    apply_lora(backbone, lora.rank, lora.alpha, tuple(lora.targets.split(",")), rngs=nnx.Rngs(seed + 1))
+  return ValueModel(backbone, nnx.Rngs(seed + 2))
+
+
+def load_backbone(cfg: ml_collections.ConfigDict, path, mesh, dtype: str) -> tuple[LlamaConfig, Llama]:
+  return load_hf(path, mesh=mesh, dtype=dtype, param_dtype=cfg.model.param_dtype)
+
+
+def backbone_config(cfg: ml_collections.ConfigDict, path, dtype: str) -> LlamaConfig:
+  """The LlamaConfig of the HF directory `path` (no weights read)."""
+  hf_config = json.loads((pathlib.Path(path) / "config.json").read_text())
+  return LlamaConfig.from_hf_dict(hf_config).replace(dtype=dtype, param_dtype=cfg.model.param_dtype)
+
+
+def estimator_dir(ws: Workspace):
+  return ws.stage_dir("prm") / ESTIMATOR_DIR
+
+
+def save_estimator(ws: Workspace, model: ValueModel, model_cfg) -> list[str]:
+  """prm/estimator/: the backbone as an HF directory (LoRA merged) and head.safetensors.
+  Every process calls; process 0 writes."""
+  out = save_hf(model.backbone, model_cfg, estimator_dir(ws))
+  head = {"kernel": to_host(model.head.kernel[...]), "bias": to_host(model.head.bias[...])}
+  if distributed.is_main_process():
+    save_file({k: np.asarray(v, np.float32) for k, v in head.items()}, out / HEAD_FILE)
+  distributed.barrier("prm-estimator")
+  return [str(path) for path in sorted(out.iterdir())]
+
+
+def load_estimator(cfg: ml_collections.ConfigDict, ws: Workspace, mesh) -> TrainState:
+  """The frozen estimator written by this stage, as a (never updated) train state for
+  `forward_step_values`."""
+  path = estimator_dir(ws)
+  if not (path / HEAD_FILE).exists():
+    raise FileNotFoundError(f"No progress estimator in {path}: run the prm stage first "
+                            "(--config.run.targets=prm).")
+  model_cfg, backbone = load_backbone(cfg, path, mesh, activation_dtype(cfg))
+  model = ValueModel(backbone, nnx.Rngs(0))
+  head = load_file(str(path / HEAD_FILE))
+  model.head.kernel[...] = head["kernel"]
+  model.head.bias[...] = head["bias"]
+  shard_model(model, mesh)
+  return create_train_state(model, optax.set_to_zero(), trainable="full")
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def optimizer_config(cfg: ml_collections.ConfigDict, total_steps: int) -> OptimizerConfig:
+  """AdamW, linear warmup to prm.learning_rate then constant (the released WarmupLR)."""
+  return OptimizerConfig(learning_rate=cfg.prm.learning_rate, schedule="constant",
+                         warmup_steps=min(cfg.prm.warmup_steps, total_steps), total_steps=total_steps,
+                         weight_decay=cfg.prm.weight_decay, grad_clip_norm=cfg.prm.grad_clip)
+
+
+def run_fingerprint(cfg: ml_collections.ConfigDict, stage: str) -> str:
+  """The stage's pipeline fingerprint: its config AND its inputs' (a checkpoint trained on other
+  exploration data or another SFT policy is never resumed)."""
+  return pipeline.fingerprints(cfg, [stage])[stage]
+
+
+def checkpointer(cfg: ml_collections.ConfigDict, ws: Workspace) -> Checkpointer:
+  """checkpoints/prm/<fingerprint>/; checkpoints of other configs or inputs are removed."""
+  root = ws.checkpoint_dir("prm")
+  current = root / run_fingerprint(cfg, "prm")
+  if distributed.is_main_process():
+    for stale in root.iterdir():
+      if stale != current:
+        shutil.rmtree(stale, ignore_errors=True)
+  distributed.barrier("prm-checkpoints")
+  return Checkpointer(current, save_every=cfg.prm.checkpoint_every, keep=cfg.prm.keep_checkpoints)
+
+
+def _split_sequences(cfg, ws, sequences):
+  train_ids, heldout_ids = holdout_split([s.task_id for s in sequences], cfg.prm.holdout_fraction, cfg.seed)
+  if distributed.is_main_process():
+    write_json_atomic(ws.stage_dir("prm") / SPLIT_FILE, {"train": train_ids, "heldout": heldout_ids})
+  held = set(heldout_ids)
+  return [s for s in sequences if s.task_id not in held], [s for s in sequences if s.task_id in held]
+
+
+def read_split(ws: Workspace) -> dict[str, list[int]]:
+  """The task ids the estimator was trained on ("train") and held out from ("heldout")."""
+  return json.loads((ws.stage_dir("prm") / SPLIT_FILE).read_text())
+
+
+def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
+  tokenizer = common.load_tokenizer(cfg, ws)
+  mesh = common.make_mesh(cfg)
+  max_steps, pad_id = cfg.env.max_steps, tokenizer.pad_id
+  sequences, dropped = load_sequences(read_trajectories(ws, EXPLORE), tokenizer, cfg.prm.max_len)
+  train, heldout = _split_sequences(cfg, ws, sequences)
+  if not train:
+    raise ValueError(f"no exploration trajectory to train the progress estimator on (dropped: {dropped}); "
+                     "run more exploration (explore.max_tasks) or raise prm.max_len")
+  lengths = [len(s.tokens) for s in train]
+  plan = [(epoch, *batch) for epoch in range(cfg.prm.epochs)
+          for batch in epoch_batches(lengths, cfg.prm.batch_size, cfg.prm.max_len, cfg.seed, epoch)]
+  tx = make_optimizer(optimizer_config(cfg, len(plan)))
+  trainable = TRAINABLE[cfg.prm.finetune]
+  num_micro = cfg.prm.batch_size // cfg.prm.micro_batch_size
+  sft_dir = common.policy_dir(ws, "sft")
+
+  ckpt = checkpointer(cfg, ws)
+  resumed = ckpt.latest_step() is not None
+  if resumed:
+    model_cfg = backbone_config(cfg, sft_dir, activation_dtype(cfg))
+    abstract = abstract_train_state(lambda: _estimator_module(Llama(model_cfg, rngs=nnx.Rngs(0)), cfg, cfg.seed),
+                                    tx, trainable=trainable, mesh=mesh)
+    state, _ = ckpt.restore(abstract)
+    logging.info("prm: resuming from step %d of %d", int(state.step), len(plan))
+  else:
+    model_cfg, backbone = load_backbone(cfg, sft_dir, mesh, activation_dtype(cfg))
+    model = shard_model(_estimator_module(backbone, cfg, cfg.seed), mesh)
+    state = create_train_state(model, tx, trainable=trainable, seed=cfg.seed)
+
+  step_fn = make_progress_step(state, num_micro_batches=num_micro)
+  forward = dict(batch_size=cfg.prm.batch_size, num_micro_batches=num_micro, max_len=cfg.prm.max_len,
+                 max_steps=max_steps, pad_id=pad_id, mesh=mesh)
+  metadata = {"fingerprint": run_fingerprint(cfg, "prm"), "total_steps": len(plan)}
+  fit = {}
+  with tracking.MetricsWriter(ws, "prm", cfg.tracking.tensorboard, append=resumed) as writer, \
+      tracking.progress(len(plan), "prm", unit="step", enabled=cfg.tracking.progress) as bar:
+    bar.update(int(state.step))
+    for step in range(int(state.step), len(plan)):
+      epoch, seq_len, rows = plan[step]
+      batch = sequence_batch([train[i] for i in rows], seq_len, cfg.prm.batch_size, max_steps, pad_id)
+      with jax.set_mesh(mesh):
+        state, metrics = step_fn(state, to_global_batch(process_rows(batch), mesh))
+      bar.update(1)
+      bar.set_postfix(loss=f"{float(metrics['progress_loss']):.4f}")
+      scalars = dict(metrics)
+      if step + 1 == len(plan) or plan[step + 1][0] != epoch:  # end of an epoch
+        for name, part in (("train", train), ("heldout", heldout)):
+          fit[name] = fit_metrics(part, estimate_progress(state, part, **forward))
+          scalars |= {f"{name}_{key}": value for key, value in fit[name].items() if key != "trajectories"}
+        scalars["epoch"] = epoch + 1
+        logging.info("prm epoch %d: train %s, held-out %s", epoch + 1, fit["train"], fit["heldout"])
+      if (step + 1) % cfg.tracking.log_every == 0 or "epoch" in scalars:
+        writer.write(step + 1, scalars)
+      ckpt.save(step + 1, state, metadata, force=step + 1 == len(plan))
+  ckpt.close()
+
+  model = state.model()
+  outputs = save_estimator(ws, model, model_cfg) + [str(ws.stage_dir("prm") / SPLIT_FILE)]
+  if not fit:  # resumed after the last step: recompute the final fit for the summary
+    fit = {name: fit_metrics(part, estimate_progress(state, part, **forward))
+           for name, part in (("train", train), ("heldout", heldout))}
+  if cfg.tracking.plots and distributed.is_main_process():
+    tracking.plot_metrics(ws.metrics_path("prm"), ws.plot_path("prm"), title="Progress estimator")
+    examples = example_trajectories(heldout or train, cfg.prm.plot_examples)
+    plot_progress(examples, estimate_progress(state, examples, **forward), ws.plot_path(PROGRESS_PLOT),
+                  title="held-out" if heldout else "train (no held-out tasks)")
+    outputs += [str(ws.plot_path("prm")), str(ws.plot_path(PROGRESS_PLOT))]
+  return {"steps": len(plan), "resumed": resumed, "train_trajectories": len(train),
+          "heldout_trajectories": len(heldout), "dropped": dropped,
+          **{f"{name}_{key}": _json_number(value) for name, part in fit.items() for key, value in part.items()},
+          "outputs": outputs}
+
+
+def _json_number(value):
+  return None if isinstance(value, float) and math.isnan(value) else value
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def example_trajectories(sequences: list[TrajectorySequence], count: int) -> list[TrajectorySequence]:
+  """Up to `count` multi-step trajectories spread over the range of final rewards."""
+  pool = sorted([s for s in sequences if s.num_steps > 1] or sequences, key=lambda s: (s.final_reward, s.key))
+  if len(pool) <= count:
+    return pool
+  return [pool[i] for i in np.linspace(0, len(pool) - 1, count).round().astype(int)]
+
+
+def plot_progress(sequences: list[TrajectorySequence], progress: dict[str, np.ndarray], out_png,
+                  title: str) -> None:
+  """One panel per trajectory: bars of c_t per step labelled with the action (red: not grounded)."""
+  fig, axes = plt.subplots(len(sequences), 1, figsize=(9, 2.6 * len(sequences)), squeeze=False)
+  for ax, sequence in zip(axes[:, 0], sequences):
+    values = progress[sequence.key]
+    colors = ["tab:blue" if g else "tab:red" for g in sequence.grounding]
+    ax.bar(np.arange(len(values)), values, color=colors)
+    ax.axhline(0.0, color="black", linewidth=0.6)
+    labels = [(a or "(no action)")[:28] for a in sequence.actions]
+    ax.set_xticks(np.arange(len(values)), labels, rotation=20, ha="right", fontsize=7)
+    ax.set_ylabel("c_t")
+    ax.set_title(f"task {sequence.task_id} rollout {sequence.rollout}: R = {sequence.final_reward:.2f}, "
+                 f"sum c_t = {values.sum():.2f}", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+  fig.suptitle(f"Per-step progress on {title} trajectories (red: action not grounded)")
+  fig.tight_layout()
+  fig.savefig(out_png, dpi=100)
+  plt.close(fig)
