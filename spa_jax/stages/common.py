@@ -17,6 +17,7 @@ Helpers (stage authors, E included: add yours below and list them here):
 
 import contextlib
 import functools
+import json
 import logging
 import pathlib
 
@@ -130,12 +131,17 @@ def load_tokenizer(cfg: ml_collections.ConfigDict, ws: Workspace) -> Tokenizer:
 
 
 def model_config(cfg: ml_collections.ConfigDict, tokenizer: Tokenizer) -> LlamaConfig:
-  """The preset with config.model.arch overrides; a trained-on-first-use tokenizer sets vocab_size."""
+  """model.hf_path's config.json, or the preset with config.model.arch overrides (a tokenizer
+  trained on first use sets vocab_size); dtypes from config.model."""
+  dtypes = dict(dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
+  if cfg.model.hf_path:
+    hf_config = json.loads((pathlib.Path(cfg.model.hf_path).expanduser() / "config.json").read_text())
+    return LlamaConfig.from_hf_dict(hf_config, **dtypes)
   overrides = {name: value for name, value in cfg.model.arch.items() if value is not None}
   if cfg.tokenizer.kind == "sentencepiece":
     overrides["vocab_size"] = tokenizer.vocab_size
-  return LlamaConfig.preset(cfg.model.preset, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
-                            bos_token_id=tokenizer.bos_id, eos_token_ids=(tokenizer.eos_id,), **overrides)
+  return LlamaConfig.preset(cfg.model.preset, bos_token_id=tokenizer.bos_id, eos_token_ids=(tokenizer.eos_id,),
+                            **dtypes, **overrides)
 
 
 def make_mesh(cfg: ml_collections.ConfigDict) -> jax.sharding.Mesh:

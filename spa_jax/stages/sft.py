@@ -150,13 +150,11 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
   opt_cfg = optimizer_config(cfg, len(plan))
   tx = make_optimizer(opt_cfg)
   trainable = "lora" if cfg.sft.finetune == "lora" else "full"
-  model_cfg = common.model_config(cfg, tokenizer) if not cfg.model.hf_path else None
+  model_cfg = common.model_config(cfg, tokenizer)
 
   ckpt = checkpointer(cfg, ws)
   resumed = ckpt.latest_step() is not None
   if resumed:
-    if model_cfg is None:
-      model_cfg, _ = common.init_policy(cfg, tokenizer, mesh)  # the HF config (weights come from the checkpoint)
     abstract = abstract_train_state(lambda: _with_lora(cfg, Llama(model_cfg, rngs=nnx.Rngs(0))), tx,
                                     trainable=trainable, mesh=mesh)
     state, _ = ckpt.restore(abstract)
