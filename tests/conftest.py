@@ -1,6 +1,11 @@
 """Shared test fixtures."""
 
+import jax
 import pytest
+
+# Exact float32 matmuls on GPU too (its default is TF32-like), so numeric tolerances hold on the
+# H200 as on CPU, where this changes nothing.
+jax.config.update("jax_default_matmul_precision", "highest")
 
 from spa_jax.models import LlamaConfig, RopeScaling
 
