@@ -1,5 +1,12 @@
 """Batched episodes with a scripted sampler: slot refilling, KV bookkeeping, terminations, records."""
 
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
 import jax
 import numpy as np
 import pytest
@@ -241,3 +248,44 @@ def test_process_rows_lockstep_gives_the_same_episodes_on_one_process(tokenizer,
   assert sorted(records, key=key) == sorted(plain, key=key)
   assert {k: v for k, v in summary.items() if "per_s" not in k and k != "seconds"} == \
       {k: v for k, v in plain_summary.items() if "per_s" not in k and k != "seconds"}
+
+
+_TWO_PROCESS_WORKER = """
+import json, sys
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+pid, port, out, tokenizer_file, tests_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=pid)
+sys.path.insert(0, tests_dir)
+from test_episodes import ScriptedSampler, ToyShop, episodes
+from spa_jax.models.tokenizer import SentencePieceTokenizer
+tokenizer = SentencePieceTokenizer(tokenizer_file)
+records = []
+tasks = [0, 1, 2, 3, 4, 6, 13]
+episodes.run_episodes(episodes.ProcessRowsSampler(ScriptedSampler(tokenizer, 4, 4096)), None, ToyShop(2, 10),
+                      tokenizer, tasks[pid::2], samples_per_task=2, temperature=1.0, top_p=1.0,
+                      max_new_tokens=64, rng=jax.random.key(0), on_trajectory=records.append,
+                      policy="test-policy", env_settings={"catalogue": "toy"}, show_progress=False)
+json.dump(records, open(out, "w"))
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_each_drive_their_rows_and_together_run_every_episode(tokenizer, tmp_path):
+  """Two JAX processes (CPU, gloo): unequal task shares, one global sampler, same episodes as one process."""
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  worker = tmp_path / "worker.py"
+  worker.write_text(_TWO_PROCESS_WORKER)
+  tests_dir = str(pathlib.Path(__file__).parent)
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  procs = [subprocess.Popen([sys.executable, str(worker), str(k), str(port), str(tmp_path / f"p{k}.json"),
+                             str(tokenizer.path), tests_dir], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True) for k in (0, 1)]
+  errors = [p.communicate(timeout=300)[1] for p in procs]
+  assert all(p.returncode == 0 for p in procs), errors
+  merged = [r for k in (0, 1) for r in json.loads((tmp_path / f"p{k}.json").read_text())]
+  _, single, _ = run(tokenizer, [0, 1, 2, 3, 4, 6, 13], batch=4)
+  key = lambda r: (r["task_id"], r["rollout"])  # noqa: E731
+  assert sorted(merged, key=key) == sorted(single, key=key)
