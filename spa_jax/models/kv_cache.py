@@ -34,8 +34,13 @@ class KVCache:
   def init(cls, cfg: LlamaConfig, batch: int, max_len: int, dtype=None) -> KVCache:
     """Zero cache for `batch` rows of up to `max_len` positions (dtype defaults to cfg.dtype)."""
     dtype = cfg.compute_jnp_dtype if dtype is None else dtype
-    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    shape = cls.array_shape(cfg, batch, max_len)
     return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+  @staticmethod
+  def array_shape(cfg: LlamaConfig, batch: int, max_len: int) -> tuple[int, ...]:
+    """Shape of `k` and `v` (axes named by CACHE_LOGICAL_AXES); use it instead of spelling it out."""
+    return (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
 
   @property
   def batch(self) -> int:
