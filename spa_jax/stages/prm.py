@@ -353,10 +353,12 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
   if not fit:  # resumed after the last step: recompute the final fit for the summary
     fit = {name: fit_metrics(part, estimate_progress(state, part, **forward))
            for name, part in (("train", train), ("heldout", heldout))}
+  if cfg.tracking.plots:
+    examples = example_trajectories(heldout or train, cfg.prm.plot_examples)
+    examples_progress = estimate_progress(state, examples, **forward)  # collectives: every process runs it
   if cfg.tracking.plots and distributed.is_main_process():
     tracking.plot_metrics(ws.metrics_path("prm"), ws.plot_path("prm"), title="Progress estimator")
-    examples = example_trajectories(heldout or train, cfg.prm.plot_examples)
-    plot_progress(examples, estimate_progress(state, examples, **forward), ws.plot_path(PROGRESS_PLOT),
+    plot_progress(examples, examples_progress, ws.plot_path(PROGRESS_PLOT),
                   title="held-out" if heldout else "train (no held-out tasks)")
     outputs += [str(ws.plot_path("prm")), str(ws.plot_path(PROGRESS_PLOT))]
   return {"steps": len(plan), "resumed": resumed, "train_trajectories": len(train),
