@@ -56,6 +56,7 @@ def ppo_section(preset: str) -> ml_collections.ConfigDict:
       top_p=1.0,
       max_new_tokens=512 if real else 96,
       max_len=4096 if real else 2048,  # longer rollouts are left out of the update
+      length_bucket=512,  # a batch is padded to a multiple of this (one compiled shape each)
       checkpoint_every=5 if real else 1,  # iterations between Orbax checkpoints (resume points)
       keep_checkpoints=2,
   ))

@@ -24,6 +24,7 @@ def prm_section(preset: str) -> ml_collections.ConfigDict:
       weight_decay=0.01,
       grad_clip=1.0,
       max_len=4096 if real else 2048,  # longer trajectories are left out (counted in the summary)
+      length_bucket=512,  # batches are padded to a multiple of this (one compiled shape each)
       # Tasks held out (never trained on) to report estimator MSE / correlation out of sample; the
       # label stage labels only these trajectories for offline PPO.
       holdout_fraction=0.1 if real else 0.25,

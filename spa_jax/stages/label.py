@@ -71,12 +71,6 @@ def read_labels(ws: Workspace) -> dict[str, list[dict]]:
   return grouped
 
 
-def estimator_forward(cfg: ml_collections.ConfigDict, tokenizer, mesh) -> dict:
-  """Keyword arguments of `prm.estimate_progress` for this config."""
-  return dict(batch_size=cfg.prm.batch_size, num_micro_batches=cfg.prm.batch_size // cfg.prm.micro_batch_size,
-              max_len=cfg.prm.max_len, max_steps=cfg.env.max_steps, pad_id=tokenizer.pad_id, mesh=mesh)
-
-
 def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
   tokenizer = common.load_tokenizer(cfg, ws)
   mesh = common.make_mesh(cfg)
@@ -84,7 +78,7 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
   records = [r for r in read_trajectories(ws, prm.EXPLORE) if r["task_id"] in heldout]
   sequences, dropped = prm.load_sequences(records, tokenizer, cfg.prm.max_len)
   estimator = prm.load_estimator(cfg, ws, mesh)
-  progress = prm.estimate_progress(estimator, sequences, **estimator_forward(cfg, tokenizer, mesh))
+  progress = prm.estimate_progress(estimator, sequences, **prm.estimator_forward(cfg, tokenizer, mesh))
   rows = label_sequences(sequences, progress, alpha=cfg.label.progress_coef, beta=cfg.label.grounding_coef)
   if distributed.is_main_process():
     with open(labels_path(ws), "w") as f:

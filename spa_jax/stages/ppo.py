@@ -42,7 +42,6 @@ from spa_jax.rollout import episodes
 from spa_jax.rollout.trajectory_store import read_trajectories
 from spa_jax.sharding import shard_model
 from spa_jax.stages import common, label, prm
-from spa_jax.stages.sft import bucket_length
 from spa_jax.training.checkpoint import Checkpointer
 from spa_jax.training.global_batch import to_global_batch
 from spa_jax.training.kl import make_kl_controller
@@ -206,13 +205,13 @@ def progress_of(shared: Shared, mode: str, sequences) -> dict[str, np.ndarray]:
   if shared.offline is not None:
     return {s.key: shared.offline_progress[s.key] for s in sequences}
   cfg = shared.cfg
-  return prm.estimate_progress(shared.estimator, sequences, **label.estimator_forward(cfg, shared.tokenizer, shared.mesh))
+  return prm.estimate_progress(shared.estimator, sequences, **prm.estimator_forward(cfg, shared.tokenizer, shared.mesh))
 
 
 def reward_batch(cfg: ml_collections.ConfigDict, mode: str, sequences, progress, pad_id: int) -> dict[str, np.ndarray]:
   """The trajectory batch of one iteration (rollouts_per_iteration rows, one length bucket) with
   its task rewards `task_rewards_bs` for reward mode `mode`."""
-  seq_len = max(bucket_length(len(s.tokens), cfg.ppo.max_len) for s in sequences)
+  seq_len = prm.padded_length(sequences, cfg.ppo.length_bucket, cfg.ppo.max_len)
   batch = prm.sequence_batch(sequences, seq_len, cfg.ppo.rollouts_per_iteration, cfg.env.max_steps, pad_id)
   progress_bs = np.zeros_like(batch["grounding_bs"])
   for row, sequence in enumerate(sequences):

@@ -39,7 +39,7 @@ from spa_jax.rollout.agent_format import build_sft_example
 from spa_jax.rollout.trajectory_store import read_trajectories
 from spa_jax.sharding import shard_model
 from spa_jax.stages import common
-from spa_jax.stages.sft import bucket_length, epoch_batches
+from spa_jax.stages.sft import epoch_batches
 from spa_jax.training.batch import make_trajectory_batch
 from spa_jax.training.checkpoint import Checkpointer
 from spa_jax.training.global_batch import to_global_batch
@@ -157,21 +157,28 @@ def to_host(x: jax.Array) -> np.ndarray:
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def length_groups(sequences: list[TrajectorySequence], batch_size: int, max_len: int):
+def padded_length(sequences: list[TrajectorySequence], multiple: int, max_len: int) -> int:
+  """The batch's sequence length: the longest sequence rounded up to a multiple of `multiple`
+  (one compiled shape per multiple), at most `max_len`."""
+  longest = max(len(s.tokens) for s in sequences)
+  return min(max_len, -(-longest // multiple) * multiple)
+
+
+def length_groups(sequences: list[TrajectorySequence], batch_size: int, multiple: int, max_len: int):
   """(seq_len, sequences) chunks of at most `batch_size`, sorted by length (few compiled shapes)."""
   order = sorted(range(len(sequences)), key=lambda i: len(sequences[i].tokens))
   for start in range(0, len(order), batch_size):
     rows = [sequences[i] for i in order[start:start + batch_size]]
-    yield max(bucket_length(len(s.tokens), max_len) for s in rows), rows
+    yield padded_length(rows, multiple, max_len), rows
 
 
 def estimate_progress(state: TrainState, sequences: list[TrajectorySequence], *, batch_size: int,
-                      num_micro_batches: int, max_len: int, max_steps: int, pad_id: int,
-                      mesh) -> dict[str, np.ndarray]:
+                      num_micro_batches: int, length_bucket: int, max_len: int, max_steps: int,
+                      pad_id: int, mesh) -> dict[str, np.ndarray]:
   """The estimator's c_t per step of every sequence: {sequence key: float32 [num_steps]}."""
   progress = {}
   with jax.set_mesh(mesh):
-    for seq_len, rows in length_groups(sequences, batch_size, max_len):
+    for seq_len, rows in length_groups(sequences, batch_size, length_bucket, max_len):
       batch = sequence_batch(rows, seq_len, batch_size, max_steps, pad_id)
       inputs = to_global_batch(process_rows(batch), mesh)
       values_bs = to_host(forward_step_values(state, inputs, at="end",
@@ -286,6 +293,13 @@ def _split_sequences(cfg, ws, sequences):
   return [s for s in sequences if s.task_id not in held], [s for s in sequences if s.task_id in held]
 
 
+def estimator_forward(cfg: ml_collections.ConfigDict, tokenizer, mesh) -> dict:
+  """Keyword arguments of `estimate_progress` for this config."""
+  return dict(batch_size=cfg.prm.batch_size, num_micro_batches=cfg.prm.batch_size // cfg.prm.micro_batch_size,
+              length_bucket=cfg.prm.length_bucket, max_len=cfg.prm.max_len, max_steps=cfg.env.max_steps,
+              pad_id=tokenizer.pad_id, mesh=mesh)
+
+
 def read_split(ws: Workspace) -> dict[str, list[int]]:
   """The task ids the estimator was trained on ("train") and held out from ("heldout")."""
   return json.loads((ws.stage_dir("prm") / SPLIT_FILE).read_text())
@@ -322,16 +336,17 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
     state = create_train_state(model, tx, trainable=trainable, seed=cfg.seed)
 
   step_fn = make_progress_step(state, num_micro_batches=num_micro)
-  forward = dict(batch_size=cfg.prm.batch_size, num_micro_batches=num_micro, max_len=cfg.prm.max_len,
-                 max_steps=max_steps, pad_id=pad_id, mesh=mesh)
+  forward = estimator_forward(cfg, tokenizer, mesh)
   metadata = {"fingerprint": run_fingerprint(cfg, "prm"), "total_steps": len(plan)}
   fit = {}
   with tracking.MetricsWriter(ws, "prm", cfg.tracking.tensorboard, append=resumed) as writer, \
       tracking.progress(len(plan), "prm", unit="step", enabled=cfg.tracking.progress) as bar:
     bar.update(int(state.step))
     for step in range(int(state.step), len(plan)):
-      epoch, seq_len, rows = plan[step]
-      batch = sequence_batch([train[i] for i in rows], seq_len, cfg.prm.batch_size, max_steps, pad_id)
+      epoch, _, rows = plan[step]
+      chosen = [train[i] for i in rows]
+      seq_len = padded_length(chosen, cfg.prm.length_bucket, cfg.prm.max_len)
+      batch = sequence_batch(chosen, seq_len, cfg.prm.batch_size, max_steps, pad_id)
       with jax.set_mesh(mesh):
         state, metrics = step_fn(state, to_global_batch(process_rows(batch), mesh))
       bar.update(1)

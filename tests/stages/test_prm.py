@@ -1,0 +1,95 @@
+"""prm stage: trajectory sequences (agent actions only), task-level held-out split, training with
+held-out metrics, estimator export and reload, checkpoint resume."""
+
+import json
+
+import numpy as np
+import pytest
+
+from spa_jax.rollout import agent_format as af
+from spa_jax.stages import common, prm
+from spa_jax.training.batch import steps_from_action_mask
+from spa_jax.tracking import read_metrics
+from spa_jax.workspace import Workspace
+from spa_workspace import expert_records, make_config, workspace_copy
+
+
+@pytest.fixture
+def workspace(tmp_path_factory, tmp_path):
+  return workspace_copy(tmp_path_factory, tmp_path)
+
+
+def test_sequences_have_one_step_per_agent_action_never_the_prompt_turns(tmp_path):
+  cfg = make_config(tmp_path / "ws", {"agent.one_shot": True})
+  tokenizer = common.load_tokenizer(cfg, Workspace(cfg.workspace))
+  records = expert_records(cfg)[:3]
+  for record in records:
+    record["one_shot"] = True  # instruction, "OK" and four demonstration turns before the episode
+    sequence = prm.trajectory_sequence(record, tokenizer)
+    assert sequence.num_steps == record["num_steps"]
+    _, _, end_s = steps_from_action_mask(sequence.action_mask, max_steps=10)
+    ends = end_s[end_s >= 0]
+    assert len(ends) == record["num_steps"]  # the demo's and "OK"'s assistant turns are not steps
+    assert all(sequence.tokens[i] == tokenizer.end_of_turn_id for i in ends)  # c_t is read at each action's end
+    assert ends[-1] == len(sequence.tokens) - 1  # the sequence ends with the last action
+    actions = [tokenizer.decode([t for t, m in zip(sequence.tokens, sequence.action_mask) if m])]
+    assert af.ACKNOWLEDGEMENT + "\n" not in actions[0] and "Action:" in actions[0]
+
+
+def test_recorded_tokens_cut_after_the_last_completed_step():
+  # an episode ended by the context limit mid-generation: 2 steps, 3 action spans in the mask
+  record = {"task_id": 1, "rollout": 0, "num_steps": 2, "final_reward": 0.0,
+            "steps": [{"valid": True, "parsed_action": "search[a]"}, {"valid": False, "parsed_action": None}],
+            "tokens": list(range(1, 13)), "action_mask": [0, 0, 1, 1, 0, 0, 1, 0, 0, 1, 1, 1]}
+  sequence = prm.trajectory_sequence(record, tokenizer=None)
+  assert sequence.tokens == list(range(1, 8)) and sequence.action_mask == [0, 0, 1, 1, 0, 0, 1]
+  assert sequence.grounding == [1.0, 0.0]
+  with pytest.raises(ValueError, match="3 action spans .* for 1 steps"):
+    prm.trajectory_sequence(record | {"num_steps": 1}, tokenizer=None)
+
+
+def test_holdout_split_is_by_task_and_deterministic():
+  tasks = [5, 5, 9, 1, 1, 1, 7, 3, 3, 8]
+  train, held = prm.holdout_split(tasks, 0.34, seed=0)
+  assert sorted(train + held) == [1, 3, 5, 7, 8, 9] and not set(train) & set(held) and len(held) == 3
+  assert (train, held) == prm.holdout_split(tasks, 0.34, seed=0)
+  assert prm.holdout_split(tasks, 0.0, seed=0) == ([1, 3, 5, 7, 8, 9], [])
+  assert prm.holdout_split([4, 4], 0.5, seed=0) == ([4], [])  # one task: nothing to hold out
+
+
+def test_prm_stage_reports_held_out_fit_and_exports_the_estimator(workspace):
+  ws = Workspace(workspace)
+  cfg = make_config(workspace)
+  summary = ws.done_record("prm")["summary"]
+  split = json.loads((ws.root / "prm" / "split.json").read_text())
+  assert len(split["heldout"]) == 1 and not set(split["train"]) & set(split["heldout"])
+  assert summary["train_trajectories"] == 9 and summary["heldout_trajectories"] == 3
+  assert summary["dropped"] == {"no_steps": 0, "too_long": 0}
+
+  rows = read_metrics(ws.metrics_path("prm"))
+  epochs = [row for row in rows if "epoch" in row]
+  assert [row["epoch"] for row in epochs] == [1, 2]
+  for row in epochs:
+    assert all(np.isfinite(row[key]) for key in ("train_mse", "heldout_mse", "train_pearson", "heldout_pearson"))
+  assert epochs[-1]["train_mse"] < epochs[0]["train_mse"]  # the sums move towards the rewards
+  assert ws.plot_path("prm").exists() and ws.plot_path(prm.PROGRESS_PLOT).exists()
+
+  # the exported estimator reproduces the reported held-out fit
+  tokenizer = common.load_tokenizer(cfg, ws)
+  mesh = common.make_mesh(cfg)
+  sequences, _ = prm.load_sequences(
+      [r for r in expert_records(cfg) if r["task_id"] in split["heldout"]], tokenizer, cfg.prm.max_len)
+  progress = prm.estimate_progress(prm.load_estimator(cfg, ws, mesh), sequences,
+                                   **prm.estimator_forward(cfg, tokenizer, mesh))
+  fit = prm.fit_metrics(sequences, progress)
+  np.testing.assert_allclose(fit["mse"], summary["heldout_mse"], rtol=1e-4)
+  np.testing.assert_allclose(fit["pearson"], summary["heldout_pearson"], rtol=1e-4, atol=1e-6)
+
+
+def test_prm_resumes_from_its_checkpoint(workspace):
+  ws = Workspace(workspace)
+  cfg = make_config(workspace)
+  before = ws.done_record("prm")["summary"]
+  again = prm.run(cfg, ws)  # every step is checkpointed: nothing left to train
+  assert again["resumed"] and again["steps"] == before["steps"]
+  np.testing.assert_allclose(again["heldout_mse"], before["heldout_mse"], rtol=1e-5)
