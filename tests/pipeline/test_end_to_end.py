@@ -17,7 +17,7 @@ STAGES = ("sft", "explore", "prm", "label", "ppo", "eval")
 SHORT = {
     "model.arch.hidden_size": 64, "model.arch.intermediate_size": 128, "model.arch.num_layers": 1,
     "model.arch.num_heads": 2, "model.arch.num_kv_heads": 1, "model.arch.head_dim": 32,
-    "env.num_envs": 2, "env.pool_workers": 1, "env.max_steps": 4,
+    "env.num_envs": 2, "env.pool_workers": 1,
     "sft.expert_episodes": 4, "sft.epochs": 1, "sft.batch_size": 2, "sft.micro_batch_size": 2,
     "explore.max_tasks": 2, "explore.samples_per_task": 2, "explore.max_new_tokens": 16,
     "prm.epochs": 1, "prm.batch_size": 4, "prm.micro_batch_size": 2,
