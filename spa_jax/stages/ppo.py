@@ -304,7 +304,7 @@ def train_mode(shared: Shared, mode: str) -> dict:
       num_micro_batches=cfg.ppo.grad_accum))
   metrics_name = f"ppo_{mode}"
   last = {}
-  with tracking.MetricsWriter(ws, metrics_name, cfg.tracking.tensorboard, append=resumed) as writer:
+  with ckpt, tracking.MetricsWriter(ws, metrics_name, cfg.tracking.tensorboard, append=resumed) as writer:
     for iteration in range(start, cfg.ppo.iterations):
       if shared.offline is not None:
         sequences, rollout = offline_sequences(shared, iteration)
@@ -326,7 +326,9 @@ def train_mode(shared: Shared, mode: str) -> dict:
       ckpt.save(iteration + 1, state, {"iteration": iteration + 1, "kl_coef": kl_coef,
                                        "fingerprint": prm.run_fingerprint(cfg, "ppo")},
                 force=iteration + 1 == cfg.ppo.iterations)
-  ckpt.close()
+  if not last:  # resumed after its last iteration: report the recorded one
+    last = {k: v for k, v in tracking.read_metrics(ws.metrics_path(metrics_name))[-1].items()
+            if k not in ("step", "time")}
   outputs = common.save_policy(ws, metrics_name, sampling_model(state.policy), model_cfg)
   if cfg.tracking.plots and distributed.is_main_process() and ws.metrics_path(metrics_name).exists():
     tracking.plot_metrics(ws.metrics_path(metrics_name), ws.plot_path(metrics_name), title=f"PPO ({mode} rewards)")
