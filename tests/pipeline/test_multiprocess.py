@@ -1,6 +1,8 @@
-"""Two JAX processes give the result of one: `python -m spa_jax.main` run as 1 process x 2 CPU
-devices and as 2 processes x 1 CPU device (localhost coordinator, gloo collectives), each run in its
-own workspace, must leave the same files with the same contents, each written once.
+"""Two JAX processes give the result of one: `python -m spa_jax.main --config=configs/ppo.py`
+(sft -> explore -> prm -> label -> online PPO with SPA rewards) run as 1 process x 2 CPU devices
+and as 2 processes x 1 CPU device (localhost coordinator, gloo collectives), each run in its own
+workspace, must leave the same files with the same contents, each written once (by process 0, or
+one trajectory shard per process).
 
 Why 1 x 2 against 2 x 1: both runs have the same global mesh (data=2), so each device runs the same
 program on the same shapes, and a two-way sum is the same in either order: the runs agree to float
@@ -9,6 +11,9 @@ each of the two, so the Sampler has 4 global rows in both. 2 train tasks x 2 sam
 one wave, and process k's round-robin share of the tasks (task k) lands on the same global rows
 (2k, 2k + 1) as in the one-process run, so every episode sees the same sampling noise. With more
 episodes than rows the refill order would differ: same distribution, other samples.
+
+The tiny policy earns no reward and no grounding, so rewards are zero: an entropy bonus makes the
+first PPO update move the policy, and a second iteration then has KL-shaped rewards (value loss).
 """
 
 import collections
@@ -23,13 +28,17 @@ from safetensors.numpy import load_file
 import multiprocess_launch as launch
 from spa_jax.rollout.trajectory_store import read_jsonl
 
-TARGET = "explore"
+CONFIG_FILE, TARGET = "ppo.py", "ppo"
 SHARED = {
+    "run.targets": TARGET,
     "model.arch.hidden_size": 64, "model.arch.intermediate_size": 128, "model.arch.num_layers": 1,
     "model.arch.num_heads": 2, "model.arch.num_kv_heads": 1, "model.arch.head_dim": 32,
-    "env.pool_workers": 1,
+    "env.pool_workers": 1, "env.max_steps": 5,
     "sft.expert_episodes": 4, "sft.epochs": 1, "sft.batch_size": 2, "sft.micro_batch_size": 2,
     "explore.max_tasks": 2, "explore.samples_per_task": 2, "explore.max_new_tokens": 16,
+    "prm.epochs": 1, "prm.batch_size": 4, "prm.micro_batch_size": 2,
+    "ppo.reward_modes": "spa", "ppo.iterations": 2, "ppo.rollouts_per_iteration": 4, "ppo.entropy_coef": 0.01,
+    "ppo.samples_per_task": 2, "ppo.mini_batch_size": 2, "ppo.ppo_epochs": 1, "ppo.max_new_tokens": 16,
     "tracking.progress": False,
 }
 GLOBAL_ROWS = 4  # sampler rows of every rollout: env.num_envs x processes
@@ -46,9 +55,9 @@ WORKSPACE = "<workspace>"  # stands for the workspace root in the JSON files com
 def workspaces(tmp_path_factory) -> tuple[pathlib.Path, pathlib.Path]:
   """(one-process workspace, two-process workspace) after both runs of `TARGET` (run side by side)."""
   root = tmp_path_factory.mktemp("multiprocess")
-  runs = [launch.start(root / "single", f"{TARGET}.py", SHARED | {"env.num_envs": GLOBAL_ROWS},
+  runs = [launch.start(root / "single", CONFIG_FILE, SHARED | {"env.num_envs": GLOBAL_ROWS},
                        processes=1, devices_per_process=PROCESSES),
-          launch.start(root / "multi", f"{TARGET}.py", SHARED | {"env.num_envs": GLOBAL_ROWS // PROCESSES},
+          launch.start(root / "multi", CONFIG_FILE, SHARED | {"env.num_envs": GLOBAL_ROWS // PROCESSES},
                        processes=PROCESSES, devices_per_process=1)]
   launch.wait(runs, TIMEOUT_S)
   return runs[0].workdir, runs[1].workdir
@@ -56,7 +65,8 @@ def workspaces(tmp_path_factory) -> tuple[pathlib.Path, pathlib.Path]:
 
 # ----------------------------------------------------------------------------- file inventory
 
-_CHECKPOINT_STEP = re.compile(r"^(checkpoints/[^/]+)/[^/]+/(\d+)/")  # checkpoints/<stage>/<config hash>/<step>/
+# checkpoints/<stage>/<config hash>/[<reward mode>/]<step>/
+_CHECKPOINT_STEP = re.compile(r"^(checkpoints/[^/]+)/[^/]+/((?:[^/]+/)*?\d+)/")
 _TB_EVENTS = re.compile(r"^(tb/[^/]+)/events\.out\.tfevents\..*$")  # named after time and host
 _SHARD = re.compile(r"^(trajectories/.+)\.p(\d+)\.jsonl$")
 
@@ -64,7 +74,7 @@ _SHARD = re.compile(r"^(trajectories/.+)\.p(\d+)\.jsonl$")
 def inventory_key(relative: str) -> str | None:
   """What a file stands for, independent of process count and timing; None: a trajectory shard."""
   if match := _CHECKPOINT_STEP.match(relative):
-    return f"{match[1]}/<step {match[2]}>"  # Orbax writes one ocdbt part per process inside
+    return f"{match[1]}/<{match[2]}>"  # Orbax writes one ocdbt part per process inside
   if match := _TB_EVENTS.match(relative):
     return f"{match[1]}/<events>"
   if _SHARD.match(relative):
@@ -180,7 +190,9 @@ def test_two_processes_sample_the_same_trajectories_each_once(workspaces):
 def test_two_processes_train_the_same_parameters(workspaces):
   single, multi = workspaces
   weights = [f for f in compared_files(single) if f.endswith(".safetensors")]
-  assert "policies/sft/model.safetensors" in weights
+  assert {"policies/sft/model.safetensors", "policies/ppo_spa/model.safetensors"} <= set(weights)
+  sft, ppo = (load_file(str(single / "policies" / name / "model.safetensors")) for name in ("sft", "ppo_spa"))
+  assert any(not np.array_equal(sft[k], ppo[k]) for k in sft), "PPO left the policy as it was: a void check"
   for relative in weights:
     assert_same_file(single, multi, relative)
 
