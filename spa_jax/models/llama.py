@@ -123,14 +123,27 @@ def causal_attention(q_btnh, k_btkh, v_btkh, attn_mask_bt, cfg: LlamaConfig) -> 
   )
 
 
-def cached_attention(q_btnh, keys_bskh, values_bskh, positions_bt) -> jax.Array:
-  """GQA of each query over the cache slots at positions <= its own (slot index == position)."""
-  slots_s = jnp.arange(keys_bskh.shape[1])
+def cached_attention(q_btnh, keys_bksh, values_bksh, positions_bt) -> jax.Array:
+  """GQA of each query over the cache slots at positions <= its own (slot index == position).
+
+  Query head n reads kv head n // (heads per kv head). Both matmuls take the cache layer as
+  stored ([batch, kv_heads, slots, head_dim], in its dtype); only the small query/output tensors
+  are rearranged or cast. Logits and softmax are float32; returns [b, t, n, h] in the query dtype.
+  """
+  b, t, n, h = q_btnh.shape
+  kv = keys_bksh.shape[1]
+  q_bkgth = q_btnh.reshape(b, t, kv, n // kv, h).transpose(0, 2, 3, 1, 4).astype(keys_bksh.dtype)
+  logits_bkgts = jnp.einsum(
+      "bkgth,bksh->bkgts", q_bkgth, keys_bksh, preferred_element_type=jnp.float32
+  ) * (h**-0.5)
+  slots_s = jnp.arange(keys_bksh.shape[2])
   visible_bts = slots_s[None, None, :] <= positions_bt[:, :, None]
-  return jax.nn.dot_product_attention(
-      q_btnh, keys_bskh.astype(q_btnh.dtype), values_bskh.astype(q_btnh.dtype),
-      mask=visible_bts[:, None, :, :], implementation="xla",
+  logits_bkgts = jnp.where(visible_bts[:, None, None], logits_bkgts, jnp.finfo(jnp.float32).min)
+  probs_bkgts = jax.nn.softmax(logits_bkgts, axis=-1).astype(values_bksh.dtype)
+  out_bkgth = jnp.einsum(
+      "bkgts,bksh->bkgth", probs_bkgts, values_bksh, preferred_element_type=jnp.float32
   )
+  return out_bkgth.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(q_btnh.dtype)
 
 
 class Attention(nnx.Module):

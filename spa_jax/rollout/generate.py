@@ -116,7 +116,7 @@ class Sampler:
 
     def init_state(self) -> DecodeState:
         """Every row empty."""
-        shape = (self.cfg.num_layers, self.batch_size, self.max_len, self.cfg.num_kv_heads, self.cfg.head_dim)
+        shape = KVCache.array_shape(self.cfg, self.batch_size, self.max_len)
         make_cache = lambda: KVCache.init(self.cfg, self.batch_size, self.max_len, self.cache_dtype)  # noqa: E731
         if self.mesh is None:
             cache = make_cache()
