@@ -12,19 +12,16 @@ def sft_section(preset: str) -> ml_collections.ConfigDict:
       finetune="full",  # "full" | "lora"
       # "expert": ScriptedExpert episodes on env.train_split; or a path to an ETO webshop_sft.json
       data="expert",
-      expert_episodes=config_dict.placeholder(int) if real else 64,  # None: one per train task
+      expert_episodes=config_dict.placeholder(int) if real else 256,  # None: one per train task
       epochs=3 if real else 2,
-      batch_size=16 if real else 8,  # sequences per optimizer step (global)
-      micro_batch_size=2 if real else 8,
-      learning_rate=2e-5 if real else 1e-3,
+      batch_size=16 if real else 4,  # sequences per optimizer step (global)
+      micro_batch_size=2 if real else 4,
+      learning_rate=2e-5 if real else 5e-3,  # tiny: from random weights, 128 steps
       schedule="cosine",
       warmup_ratio=0.03,
       weight_decay=0.0,
       max_len=4096 if real else 2048,
       grad_checkpointing=real,
-      # Loss weight of the non-agent tokens (prompt, observations); 0 = agent tokens only (ETO).
-      # The tiny model starts from random weights: reading the pages is what teaches it to copy.
-      context_loss_weight=0.0 if real else 0.2,
       checkpoint_every=200 if real else 10,  # optimizer steps between Orbax checkpoints (resume points)
       keep_checkpoints=2,
   ))

@@ -186,7 +186,6 @@ def _value_errors(cfg) -> list[str]:
   if "sft" in cfg and cfg.sft.data != "expert":
     _existing_path(errors, cfg, "sft.data", "(a webshop_sft.json file, or 'expert')")
   _check(errors, cfg, "prm.holdout_fraction", lambda v: 0 <= v < 1, "in [0, 1)")
-  _check(errors, cfg, "sft.context_loss_weight", lambda v: 0 <= v <= 1, "in [0, 1]")
   for stage in ("explore", "ppo", "eval"):
     _at_least(errors, cfg, f"{stage}.temperature", 0.0)
     _check(errors, cfg, f"{stage}.top_p", lambda v: 0 < v <= 1, "in (0, 1]")

@@ -2,10 +2,7 @@
 
 Data: ScriptedExpert episodes on the train split (`sft.data="expert"`), or an ETO/SPA-RL
 `webshop_sft.json` FastChat file. Each conversation is one sequence; the loss covers the agent's
-step turns (`build_sft_example(...).step_mask`), plus, with `sft.context_loss_weight > 0`, the
-other tokens at that weight: a randomly initialised model (the tiny preset) has never seen text,
-and predicting the observations (which repeat the instruction and list the products it must copy
-from) teaches it to read and copy; a pretrained Llama needs no such help (weight 0: ETO's loss). Batches group examples of similar length
+step turns only (`build_sft_example(...).step_mask`). Batches group examples of similar length
 (length buckets); their order is a pure function of (seed, epoch), so a run restored from its
 latest Orbax checkpoint (train state + step) continues exactly where it stopped.
 Writes: policies/sft/ (HF directory), checkpoints/sft/<config hash>/, metrics/sft.jsonl, plots/sft.png.
@@ -85,25 +82,15 @@ def epoch_batches(lengths: list[int], batch_size: int, max_len: int, seed: int, 
   return [(max(bucket_length(lengths[i], max_len) for i in rows), [int(i) for i in rows]) for rows in batches]
 
 
-def loss_weights(example: af.SftExample, context_weight: float) -> np.ndarray:
-  """Per-token loss weights: 1 on the agent's step tokens, `context_weight` on every other token
-  after the first (prompt, observations; 0 keeps the loss on the agent's tokens only)."""
-  step_mask = np.asarray(example.step_mask, np.float32)
-  weights = step_mask + context_weight * (1.0 - step_mask)
-  weights[0] = step_mask[0]  # the first token has no context to be predicted from
-  return weights
-
-
 def sft_batch(examples: list[af.SftExample], rows: list[int], seq_len: int, batch_size: int,
-              pad_id: int, context_weight: float = 0.0) -> dict[str, np.ndarray]:
-  """tokens_bt / positions_bt / loss_mask_bt (per-token weights) of `rows`, padded to `batch_size`
-  rows with masked-out ones."""
+              pad_id: int) -> dict[str, np.ndarray]:
+  """tokens_bt / positions_bt / loss_mask_bt of `rows`, padded to `batch_size` rows with masked-out ones."""
   tokens = np.full((batch_size, seq_len), pad_id, np.int32)
   mask = np.zeros((batch_size, seq_len), np.float32)
   for r, index in enumerate(rows):
     example = examples[index]
     tokens[r, :len(example.ids)] = example.ids
-    mask[r, :len(example.ids)] = loss_weights(example, context_weight)
+    mask[r, :len(example.ids)] = example.step_mask
   positions = np.broadcast_to(np.arange(seq_len, dtype=np.int32), (batch_size, seq_len))
   return {"tokens_bt": tokens, "positions_bt": positions, "loss_mask_bt": mask}
 
@@ -173,8 +160,7 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
     bar.update(int(state.step))
     for step in range(int(state.step), len(plan)):
       seq_len, rows = plan[step]
-      local = _process_rows(sft_batch(examples, rows, seq_len, cfg.sft.batch_size, tokenizer.pad_id,
-                                      cfg.sft.context_loss_weight))
+      local = _process_rows(sft_batch(examples, rows, seq_len, cfg.sft.batch_size, tokenizer.pad_id))
       state, metrics = step_fn(state, to_global_batch(local, mesh))
       losses.append(float(metrics["sft_loss"]))
       bar.update(1)

@@ -51,7 +51,7 @@ def test_unknown_preset_is_rejected():
     ("eval.policies", "sft,ppo_grounding_only", "unknown policy name(s) ['ppo_grounding_only']"),
     ("ppo.reward_modes", "spa,dense", "config.ppo.reward_modes='spa,dense': must name one or more of"),
     ("sft.checkpoint_every", 0, "config.sft.checkpoint_every=0: must be >= 1"),
-    ("sft.batch_size", 12, "positive multiple of sft.micro_batch_size"),
+    ("sft.batch_size", 10, "positive multiple of sft.micro_batch_size"),
     ("sft.data", "/no/such/webshop_sft.json", "does not exist"),
     ("env.eval_split", "paper_test", "must be one of ('train', 'test', 'all') for env.catalogue='embedded'"),
     ("env.train_split", "file:/no/such/indices.json", "the indices file does not exist"),

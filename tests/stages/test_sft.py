@@ -94,12 +94,3 @@ def test_sft_killed_after_a_checkpoint_resumes_to_the_uninterrupted_result(tmp_p
   for name, value in straight_params.items():
     np.testing.assert_allclose(resumed_params[name], value, rtol=0, atol=1e-6, err_msg=name)
 
-
-def test_loss_weights_put_one_on_agent_steps_and_the_context_weight_elsewhere():
-  example = af.SftExample(ids=[2, 5, 6, 7, 8, 9], loss_mask=[0, 1, 0, 0, 1, 1], step_mask=[0, 0, 0, 0, 1, 1],
-                          step_ends=[5])
-  np.testing.assert_allclose(sft.loss_weights(example, 0.0), [0, 0, 0, 0, 1, 1])
-  np.testing.assert_allclose(sft.loss_weights(example, 0.25), [0, 0.25, 0.25, 0.25, 1, 1])
-  batch = sft.sft_batch([example], [0], seq_len=8, batch_size=2, pad_id=0, context_weight=0.25)
-  np.testing.assert_allclose(batch["loss_mask_bt"][0], [0, 0.25, 0.25, 0.25, 1, 1, 0, 0])
-  assert not batch["loss_mask_bt"][1].any() and batch["tokens_bt"].shape == (2, 8)
