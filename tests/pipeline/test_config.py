@@ -88,3 +88,19 @@ def test_main_rejects_bad_config_before_any_work(tmp_path, args, message):
   assert result.returncode != 0
   assert message in result.stderr + result.stdout
   assert not (tmp_path / "run").exists()
+
+
+def test_tpu_preset_shards_llama_3b_fsdp_over_the_whole_slice():
+  cfg = configuration.load_config("ppo", "llama3.2-3b-tpu")
+  assert cfg.model.preset == "llama3.2-3b" and cfg.preset == "llama3.2-3b-tpu"
+  assert (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor) == (1, -1, 1)
+  with pytest.raises(ValueError, match="model.hf_path is required"):
+    configuration.validate(cfg)
+
+
+def test_policy_names_follow_the_reward_modes():
+  cfg = configuration.load_config("eval")
+  assert configuration.policy_names(cfg) == ("untrained", "sft", "ppo_sparse", "ppo_spa")
+  assert [configuration.policy_stage(p) for p in configuration.policy_names(cfg)] == [None, "sft", "ppo", "ppo"]
+  with pytest.raises(ValueError, match="Unknown policy 'ppo'"):
+    configuration.policy_stage("ppo")
