@@ -54,6 +54,8 @@ from spa_jax.training.train_state import TrainState, abstract_train_state, creat
 from spa_jax.workspace import Workspace
 
 MODES = ("online", "offline")
+ROLLOUT_METRICS = ("score", "success_rate", "purchase_rate", "grounding", "mean_steps")
+_ppo_targets = jax.jit(ppo_targets, static_argnames=("gamma", "lam", "kl_estimator", "whiten_advantages"))
 CRITIC_INITS = ("sft", "prm")
 TRAINABLE = {"full": ("full", "full"), "lora": ("lora", "lora_and_head")}  # (policy, critic)
 
@@ -167,7 +169,7 @@ def online_sequences(shared: Shared, mode: str, iteration: int, state: PPOState)
                  tokenizer=shared.tokenizer, tasks=tasks, split=cfg.env.train_split, name=name,
                  samples_per_task=cfg.ppo.samples_per_task, temperature=cfg.ppo.temperature,
                  top_p=cfg.ppo.top_p, max_new_tokens=cfg.ppo.max_new_tokens,
-                 seed=cfg.seed * 100_003 + REWARD_MODES.index(mode) * 10_007 + iteration, pool=shared.pool)
+                 seed=cfg.seed * 100_003 + iteration, pool=shared.pool)  # same across modes: paired runs
   distributed.barrier(f"{name}-written")
   records = read_trajectories(shared.ws, name)
   sequences, _ = prm.load_sequences(records, shared.tokenizer, cfg.ppo.max_len)
@@ -236,7 +238,7 @@ def targets_batch(shared: Shared, state: PPOState, batch: dict[str, np.ndarray],
     old_logp_bt = forward_logprobs(state.policy, inputs, num_micro_batches=micro)
     ref_logp_bt = forward_logprobs(reference, inputs, num_micro_batches=micro)
     old_values_bs = forward_step_values(state.critic, inputs, at="start", num_micro_batches=micro)
-    targets = ppo_targets(inputs, old_logp_bt=old_logp_bt, ref_logp_bt=ref_logp_bt, old_values_bs=old_values_bs,
+    targets = _ppo_targets(inputs, old_logp_bt=old_logp_bt, ref_logp_bt=ref_logp_bt, old_values_bs=old_values_bs,
                           task_rewards_bs=inputs["task_rewards_bs"], kl_coef=jnp.float32(kl_coef),
                           gamma=cfg.ppo.gamma, lam=cfg.ppo.gae_lambda, kl_estimator=cfg.ppo.kl.estimator,
                           whiten_advantages=cfg.ppo.whiten_advantages)
@@ -317,7 +319,7 @@ def train_mode(shared: Shared, mode: str) -> dict:
       batch, kl_stats = targets_batch(shared, state, batch, kl_coef)
       state, train = update(shared, step_fn, state, batch, iteration)
       kl_coef = controller.update(kl_coef, kl_stats["kl"], len(sequences))
-      last = {**{k: v for k, v in rollout.items() if isinstance(v, (int, float))}, **kl_stats, **train,
+      last = {**{k: rollout[k] for k in ROLLOUT_METRICS if k in rollout}, **kl_stats, **train,
               "trajectories": len(sequences)}
       writer.write(iteration + 1, last)
       logging.info("ppo %s iteration %d/%d: score %.1f, policy loss %.4f, value loss %.4f, KL %.4f",
