@@ -94,3 +94,22 @@ def test_sft_killed_after_a_checkpoint_resumes_to_the_uninterrupted_result(tmp_p
   for name, value in straight_params.items():
     np.testing.assert_allclose(resumed_params[name], value, rtol=0, atol=1e-6, err_msg=name)
 
+
+
+@pytest.mark.slow
+def test_lora_sft_changes_only_the_adapted_projections(micro_config):
+  cfg = micro_config("sft", {"sft.finetune": "lora", "sft.expert_episodes": 2, "model.lora.targets": "q_proj,v_proj"})
+  ws = Workspace(cfg.workspace)
+  summary = sft.run(cfg, ws)
+  assert summary["steps"] == 1 and not summary["resumed"]
+  tokenizer = common.load_tokenizer(cfg, ws)
+  initial_cfg, initial = common.init_policy(cfg, tokenizer, common.make_mesh(cfg))
+  common.save_policy(ws, "untrained_copy", initial, initial_cfg)
+  before, after = _tensors(ws, "untrained_copy"), _tensors(ws, "sft")
+  assert before.keys() == after.keys()
+  changed = {name for name in before if not np.array_equal(before[name], after[name])}
+  assert changed and all(name.endswith(("q_proj.weight", "v_proj.weight")) for name in changed)
+
+
+def _tensors(ws, policy):
+  return load_file(str(common.policy_dir(ws, policy) / "model.safetensors"))
