@@ -208,6 +208,10 @@ def rollout(cfg: ml_collections.ConfigDict, ws: Workspace, *, policy: str, sampl
 
   `pool`: an open EnvPool to reuse (left open), else one is opened for the call.
   """
+  if distributed.is_main_process():  # a rerun with fewer processes must not read stale shards
+    for shard in ws.trajectory_shards(name):
+      shard.unlink()
+  distributed.barrier(f"rollout-{name}")
   local_tasks = distributed.process_share(tasks)
   if distributed.process_count() > 1:
     sampler = episodes.ProcessRowsSampler(sampler)  # this process's block of the global rows

@@ -38,3 +38,17 @@ def test_explore_writes_k_sampled_trajectories_per_train_task(micro_config):
   source = open_array_record(summary["outputs"][-1])  # the ArrayRecord copy
   assert sorted(decode_trajectory(source[i])["rollout"] for i in range(len(source))) == [0, 0, 1, 1]
   assert all((ws.root / path).exists() for path in summary["outputs"])
+
+
+@pytest.mark.slow
+def test_a_rerun_replaces_every_shard_of_the_trajectory_set(micro_config):
+  cfg = micro_config("explore", {"explore.max_tasks": 1, "explore.samples_per_task": 1})
+  ws = Workspace(cfg.workspace)
+  stale = ws.trajectories_path("explore", shard=1)  # left by an earlier two-process run
+  stale.write_text('{"task_id": 999999, "rollout": 0}\n')
+  tokenizer = common.load_tokenizer(cfg, ws)
+  model_cfg, model = common.init_policy(cfg, tokenizer, common.make_mesh(cfg))
+  common.save_policy(ws, "sft", model, model_cfg)
+  explore.run(cfg, ws)
+  assert not stale.exists() and [r["task_id"] for r in read_trajectories(ws, "explore")] == \
+      common.split_tasks(cfg, cfg.env.train_split, 1)
