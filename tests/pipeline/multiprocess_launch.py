@@ -26,6 +26,11 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+def log_path(workdir: pathlib.Path, k: int) -> pathlib.Path:
+  """Where process k of the run in `workdir` logs (stdout and stderr)."""
+  return workdir.parent / f"{workdir.name}.p{k}.log"
+
+
 @dataclasses.dataclass
 class Run:
   """The processes of one `spa_jax.main` invocation; process k logs to `<workdir>.p<k>.log`."""
@@ -50,7 +55,7 @@ def start(workdir: pathlib.Path, config_file: str, overrides: dict, *, processes
                 f"--config.distributed.num_processes={processes}"]
   run = Run(workdir, [], [])
   for k in range(processes):
-    log = workdir.parent / f"{workdir.name}.p{k}.log"
+    log = log_path(workdir, k)
     with open(log, "w") as out:
       process_flag = [f"--config.distributed.process_id={k}"] if processes > 1 else []
       run.processes.append(subprocess.Popen(command + process_flag, cwd=REPO, env=env, stdout=out,

@@ -1,5 +1,5 @@
 """Two JAX processes give the result of one: `python -m spa_jax.main --config=configs/ppo.py`
-(sft -> explore -> prm -> label -> online PPO with SPA rewards) run as 1 process x 2 CPU devices
+(sft -> explore -> prm -> label -> online PPO with SPA rewards -> greedy eval) run as 1 process x 2 CPU devices
 and as 2 processes x 1 CPU device (localhost coordinator, gloo collectives), each run in its own
 workspace, must leave the same files with the same contents, each written once (by process 0, or
 one trajectory shard per process).
@@ -28,22 +28,24 @@ from safetensors.numpy import load_file
 import multiprocess_launch as launch
 from spa_jax.rollout.trajectory_store import read_jsonl
 
-CONFIG_FILE, TARGET = "ppo.py", "ppo"
+CONFIG_FILE = "ppo.py"
+STAGES = ("sft", "explore", "prm", "label", "ppo", "eval")
 SHARED = {
-    "run.targets": TARGET,
+    "run.targets": "ppo,eval",
     "model.arch.hidden_size": 64, "model.arch.intermediate_size": 128, "model.arch.num_layers": 1,
     "model.arch.num_heads": 2, "model.arch.num_kv_heads": 1, "model.arch.head_dim": 32,
-    "env.pool_workers": 1, "env.max_steps": 5,
+    "env.pool_workers": 1, "env.max_steps": 5, "agent.max_context": 512,
     "sft.expert_episodes": 4, "sft.epochs": 1, "sft.batch_size": 2, "sft.micro_batch_size": 2,
     "explore.max_tasks": 2, "explore.samples_per_task": 2, "explore.max_new_tokens": 16,
     "prm.epochs": 1, "prm.batch_size": 4, "prm.micro_batch_size": 2,
     "ppo.reward_modes": "spa", "ppo.iterations": 2, "ppo.rollouts_per_iteration": 4, "ppo.entropy_coef": 0.01,
     "ppo.samples_per_task": 2, "ppo.mini_batch_size": 2, "ppo.ppo_epochs": 1, "ppo.max_new_tokens": 16,
+    "eval.policies": "ppo_spa", "eval.max_tasks": 2, "eval.max_new_tokens": 16,
     "tracking.progress": False,
 }
 GLOBAL_ROWS = 4  # sampler rows of every rollout: env.num_envs x processes
 PROCESSES = 2
-TIMEOUT_S = 900
+TIMEOUT_S = 1500  # both runs together; about 4 min on an idle 2-core machine, twice that under load
 # Keys whose values legitimately differ between the runs: wall-clock times, and the process layout
 # (the config's distributed section and per-process env.num_envs, so also the fingerprints of them).
 LAYOUT_KEYS = {"time", "seconds", "finished_at", "distributed", "num_envs", "fingerprint", "inputs"}
@@ -53,7 +55,7 @@ WORKSPACE = "<workspace>"  # stands for the workspace root in the JSON files com
 
 @pytest.fixture(scope="module")
 def workspaces(tmp_path_factory) -> tuple[pathlib.Path, pathlib.Path]:
-  """(one-process workspace, two-process workspace) after both runs of `TARGET` (run side by side)."""
+  """(one-process workspace, two-process workspace) after both runs (side by side)."""
   root = tmp_path_factory.mktemp("multiprocess")
   runs = [launch.start(root / "single", CONFIG_FILE, SHARED | {"env.num_envs": GLOBAL_ROWS},
                        processes=1, devices_per_process=PROCESSES),
@@ -165,7 +167,10 @@ def assert_same_file(single_ws: pathlib.Path, multi_ws: pathlib.Path, relative: 
 def test_two_processes_write_the_same_files_each_once(workspaces):
   single, multi = workspaces
   assert inventory(multi) == inventory(single)
-  assert (multi / TARGET / "DONE.json").exists()
+  assert all((multi / stage / "DONE.json").exists() for stage in STAGES)
+  tables = lambda ws, k: launch.log_path(ws, k).read_text().count("Evaluation on test")  # noqa: E731
+  assert tables(single, 0) >= 1
+  assert [tables(multi, k) for k in range(PROCESSES)] == [tables(single, 0), 0], "process 0 alone logs the table"
   single_shards, multi_shards = shards(single), shards(multi)
   assert single_shards.keys() == multi_shards.keys() and single_shards
   assert all(ks == [0] for ks in single_shards.values())
@@ -201,6 +206,6 @@ def test_two_processes_train_the_same_parameters(workspaces):
 def test_two_processes_record_the_same_configs_metrics_and_summaries(workspaces):
   single, multi = workspaces
   records = [f for f in compared_files(single) if not f.endswith(".safetensors")]
-  assert {"config.json", f"{TARGET}/DONE.json", "metrics/sft.jsonl"} <= set(records)
+  assert {"config.json", "ppo/DONE.json", "metrics/ppo_spa.jsonl", "reports/eval.json"} <= set(records)
   for relative in records:
     assert_same_file(single, multi, relative)
