@@ -3,6 +3,7 @@
 The processes of one run meet at a localhost coordinator (`--config.distributed.*`); JAX's CPU
 collectives (gloo, jax 0.10's default) carry the all-gathers and all-reduces between them.
 Each process sees `devices_per_process` CPU devices (`--xla_force_host_platform_device_count`).
+Every Python process of the run records the files it writes (write_audit/sitecustomize.py).
 """
 
 import dataclasses
@@ -16,6 +17,7 @@ import time
 from spa_jax import configuration
 
 REPO = configuration.CONFIGS_DIR.parent
+WRITE_AUDIT = pathlib.Path(__file__).parent / "write_audit"
 # The cluster variables `spa_jax.distributed` falls back on; removed so only the flags decide.
 _CLUSTER_ENV = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
 
@@ -31,15 +33,27 @@ def log_path(workdir: pathlib.Path, k: int) -> pathlib.Path:
   return workdir.parent / f"{workdir.name}.p{k}.log"
 
 
+def write_log_path(workdir: pathlib.Path, k: int) -> pathlib.Path:
+  """Where process k of the run in `workdir` (and its Python children) records the files it writes."""
+  return workdir.parent / f"{workdir.name}.p{k}.writes"
+
+
+def written_files(workdir: pathlib.Path, k: int) -> set[str]:
+  """Paths relative to `workdir` that process k (or its children) opened for writing, renamed into
+  place or removed."""
+  root = workdir.resolve()
+  paths = {pathlib.Path(line) for line in write_log_path(workdir, k).read_text().splitlines()}
+  return {str(p.relative_to(root)) for p in paths if p.is_relative_to(root)}
+
+
 @dataclasses.dataclass
 class Run:
-  """The processes of one `spa_jax.main` invocation; process k logs to `<workdir>.p<k>.log`."""
+  """The processes of one `spa_jax.main` invocation; process k logs to `log_path(workdir, k)`."""
   workdir: pathlib.Path
   processes: list[subprocess.Popen]
-  logs: list[pathlib.Path]
 
   def log_tail(self, k: int, chars: int = 4000) -> str:
-    return self.logs[k].read_text(errors="replace")[-chars:]
+    return log_path(self.workdir, k).read_text(errors="replace")[-chars:]
 
 
 def start(workdir: pathlib.Path, config_file: str, overrides: dict, *, processes: int,
@@ -47,20 +61,20 @@ def start(workdir: pathlib.Path, config_file: str, overrides: dict, *, processes
   """Launches the run's processes (without waiting); `overrides` are `--config.<path>` values."""
   env = {k: v for k, v in os.environ.items() if k not in _CLUSTER_ENV}
   env |= {"JAX_PLATFORMS": "cpu",
-          "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process}"}
+          "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process}",
+          "PYTHONPATH": os.pathsep.join(filter(None, [str(WRITE_AUDIT), env.get("PYTHONPATH")]))}
   command = [sys.executable, "-m", "spa_jax.main", f"--config=configs/{config_file}",
              f"--workdir={workdir}", *(f"--config.{path}={value}" for path, value in overrides.items())]
   if processes > 1:
     command += [f"--config.distributed.coordinator_address=127.0.0.1:{free_port()}",
                 f"--config.distributed.num_processes={processes}"]
-  run = Run(workdir, [], [])
+  run = Run(workdir, [])
   for k in range(processes):
-    log = log_path(workdir, k)
-    with open(log, "w") as out:
+    with open(log_path(workdir, k), "w") as out:
       process_flag = [f"--config.distributed.process_id={k}"] if processes > 1 else []
-      run.processes.append(subprocess.Popen(command + process_flag, cwd=REPO, env=env, stdout=out,
-                                            stderr=subprocess.STDOUT))
-    run.logs.append(log)
+      write_log = {"SPA_TEST_WRITE_LOG": str(write_log_path(workdir, k))}
+      run.processes.append(subprocess.Popen(command + process_flag, cwd=REPO, env=env | write_log,
+                                            stdout=out, stderr=subprocess.STDOUT))
   return run
 
 

@@ -178,6 +178,23 @@ def test_two_processes_write_the_same_files_each_once(workspaces):
 
 
 @pytest.mark.slow
+def test_each_process_writes_only_its_own_files(workspaces):
+  """Process 0 writes the shared files; process k > 0 only its trajectory shards and its part of
+  each Orbax checkpoint (as recorded by the write audit)."""
+  _, multi = workspaces
+  writes = [launch.written_files(multi, k) for k in range(PROCESSES)]
+  assert {"config.json", "ppo/DONE.json", "metrics/sft.jsonl", "metrics/ppo_spa.jsonl",
+          "reports/eval.json"} <= writes[0], "the audit missed process 0's writes"
+  for k in range(PROCESSES):
+    own_shards = {f for f in writes[k] if (m := _SHARD.match(f)) and int(m[2]) == k}
+    other_shards = {f for f in writes[k] if _SHARD.match(f)} - own_shards
+    assert own_shards and not other_shards, f"process {k} wrote shards {sorted(other_shards)}"
+    if k > 0:
+      shared = sorted(f for f in writes[k] - own_shards if not f.startswith("checkpoints/"))
+      assert not shared, f"process {k} wrote shared files {shared}"
+
+
+@pytest.mark.slow
 def test_two_processes_sample_the_same_trajectories_each_once(workspaces):
   single, multi = workspaces
   for name in shards(single):
