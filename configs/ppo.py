@@ -32,7 +32,7 @@ def ppo_section(preset: str) -> ml_collections.ConfigDict:
       # "spa" (progress + grounding), "sparse" (final reward only), "grounding_only".
       reward_modes="sparse,spa",
       critic_init="sft",  # critic backbone: "sft" (policy) | "prm" (the estimator's); the head starts at 0
-      iterations=50 if real else 3,  # rollout + update rounds
+      iterations=50 if real else 2,  # rollout + update rounds
       rollouts_per_iteration=32 if real else 16,  # trajectories per PPO step (global)
       samples_per_task=1,  # episodes per train task in one iteration (online)
       mini_batch_size=2 if real else 8,  # trajectories per micro-batch

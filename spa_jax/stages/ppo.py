@@ -154,6 +154,17 @@ class Shared:
   reference: TrainState | None = None  # full fine-tuning: the frozen SFT policy
   offline: list[prm.TrajectorySequence] | None = None
   offline_progress: dict[str, np.ndarray] | None = None
+  step_fn: object = None  # the jitted PPO step, compiled once for every mode
+
+
+def ppo_step_fn(shared: "Shared", state: PPOState):
+  """The jitted PPO update (made on first use; every mode's state has the same layout)."""
+  if shared.step_fn is None:
+    p = shared.cfg.ppo
+    shared.step_fn = make_ppo_step(state, PPOConfig(
+        clip_eps=p.clip_ratio, value_clip_eps=p.value_clip, vf_coef=p.vf_coef, entropy_coef=p.entropy_coef,
+        max_mean_ratio=p.max_mean_ratio, num_micro_batches=p.grad_accum))
+  return shared.step_fn
 
 
 def online_sequences(shared: Shared, mode: str, iteration: int, state: PPOState) -> tuple[list, dict]:
@@ -300,10 +311,7 @@ def train_mode(shared: Shared, mode: str) -> dict:
   else:
     model_cfg, state = initial_state(cfg, ws, shared.mesh, tx)
     start, kl_coef = 0, controller.initial()
-  step_fn = make_ppo_step(state, PPOConfig(
-      clip_eps=cfg.ppo.clip_ratio, value_clip_eps=cfg.ppo.value_clip, vf_coef=cfg.ppo.vf_coef,
-      entropy_coef=cfg.ppo.entropy_coef, max_mean_ratio=cfg.ppo.max_mean_ratio,
-      num_micro_batches=cfg.ppo.grad_accum))
+  step_fn = ppo_step_fn(shared, state)
   metrics_name = f"ppo_{mode}"
   last = {}
   with ckpt, tracking.MetricsWriter(ws, metrics_name, cfg.tracking.tensorboard, append=resumed) as writer:

@@ -1,11 +1,13 @@
-"""ppo stage: an online iteration changes the policy, a crashed run resumes from its checkpoint to
-the uninterrupted result, and offline PPO trains on the label stage's rewards."""
+"""ppo stage: an online iteration changes the policy, a killed run resumes from its checkpoint to the
+uninterrupted result, offline PPO trains on the label stage's rewards, reward modes, config errors."""
+
+import shutil
 
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from spa_jax.stages import label, ppo
+from spa_jax.stages import label, ppo, prm
 from spa_jax.tracking import read_metrics
 from spa_jax.workspace import Workspace
 from spa_workspace import make_config, workspace_copy
@@ -18,9 +20,8 @@ def _weights(ws: Workspace, policy: str) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.slow
-def test_online_ppo_changes_the_policy_and_resumes_after_a_crash(tmp_path_factory, tmp_path, monkeypatch):
+def test_online_ppo_changes_the_policy_and_resumes_after_a_kill(tmp_path_factory, tmp_path):
   straight = Workspace(workspace_copy(tmp_path_factory, tmp_path / "straight"))
-  crashed = Workspace(workspace_copy(tmp_path_factory, tmp_path / "crashed"))
   summary = ppo.run(make_config(straight.root, ONLINE), straight)
   assert summary["resumed"] == {"spa": False}
   rows = read_metrics(straight.metrics_path("ppo_spa"))
@@ -34,45 +35,51 @@ def test_online_ppo_changes_the_policy_and_resumes_after_a_crash(tmp_path_factor
   assert changed and all(k.endswith(("q_proj.weight", "v_proj.weight")) for k in changed)  # LoRA q, v merged
   assert straight.plot_path("ppo_spa").exists()
 
-  real_update = ppo.update
-
-  def crash_in_second_iteration(shared, step_fn, state, batch, iteration):
-    if iteration == 1:
-      raise RuntimeError("simulated crash")
-    return real_update(shared, step_fn, state, batch, iteration)
-
-  monkeypatch.setattr(ppo, "update", crash_in_second_iteration)
-  with pytest.raises(RuntimeError, match="simulated crash"):
-    ppo.run(make_config(crashed.root, ONLINE), crashed)
-  assert [row["step"] for row in read_metrics(crashed.metrics_path("ppo_spa"))] == [1]
-  monkeypatch.setattr(ppo, "update", real_update)
-  resumed = ppo.run(make_config(crashed.root, ONLINE), crashed)
+  # the state of a run killed during its second iteration: checkpoint 1, one metrics line, no policy
+  killed = Workspace(tmp_path / "killed")
+  shutil.copytree(straight.root, killed.root)
+  (checkpoint_2,) = killed.root.glob("checkpoints/ppo/*/spa/2")
+  shutil.rmtree(checkpoint_2)
+  shutil.rmtree(killed.root / "policies" / "ppo_spa")
+  metrics = killed.metrics_path("ppo_spa")
+  metrics.write_text(metrics.read_text().splitlines(keepends=True)[0])
+  resumed = ppo.run(make_config(killed.root, ONLINE), killed)
   assert resumed["resumed"] == {"spa": True}
-  assert [row["step"] for row in read_metrics(crashed.metrics_path("ppo_spa"))] == [1, 2]
-  again = _weights(crashed, "ppo_spa")
-  for key in trained:
+  assert [row["step"] for row in read_metrics(metrics)] == [1, 2]
+  again = _weights(killed, "ppo_spa")
+  for key in trained:  # the same rollouts and updates as the uninterrupted run
     np.testing.assert_array_equal(again[key], trained[key], err_msg=key)
 
 
 @pytest.mark.slow
 def test_offline_ppo_trains_on_the_label_stage_rewards(tmp_path_factory, tmp_path):
   ws = Workspace(workspace_copy(tmp_path_factory, tmp_path))
-  overrides = {"ppo.mode": "offline", "ppo.reward_modes": "sparse,spa", "ppo.iterations": 1,
-               "ppo.rollouts_per_iteration": 3, "ppo.mini_batch_size": 1,
-               "eval.policies": "ppo_sparse,ppo_spa"}
+  overrides = {"ppo.mode": "offline", "ppo.iterations": 1, "ppo.rollouts_per_iteration": 3,
+               "ppo.mini_batch_size": 1}
   cfg = make_config(ws.root, overrides)
   label.run(cfg, ws)
   labels = label.read_labels(ws)
   assert len(labels) == 3  # the held-out task's three trajectories
   summary = ppo.run(cfg, ws)
-  spa, sparse = read_metrics(ws.metrics_path("ppo_spa"))[0], read_metrics(ws.metrics_path("ppo_sparse"))[0]
+  spa = read_metrics(ws.metrics_path("ppo_spa"))[0]
   spa_return = np.mean([sum(row["reward"] for row in rows) for rows in labels.values()])
-  final = np.mean([rows[0]["final_reward"] for rows in labels.values()])
-  assert spa["task_return"] == pytest.approx(spa_return, abs=1e-5)
-  assert sparse["task_return"] == pytest.approx(final, abs=1e-6)
+  assert spa["task_return"] == pytest.approx(spa_return, abs=1e-5) and spa["trajectories"] == 3
   assert summary["spa_task_return"] == pytest.approx(spa_return, abs=1e-5)
   assert not np.array_equal(_weights(ws, "ppo_spa")["model.layers.0.self_attn.q_proj.weight"],
                             _weights(ws, "sft")["model.layers.0.self_attn.q_proj.weight"])
+
+
+def test_reward_modes_of_one_batch(tmp_path):
+  cfg = make_config(tmp_path / "ws", {"label.progress_coef": 2.0, "label.grounding_coef": 0.5})
+  sequences = [prm.TrajectorySequence(1, 0, [5, 6, 7, 8, 9], [0, 1, 0, 0, 1], [1.0, 0.0], ["search[a]", None], 0.75),
+               prm.TrajectorySequence(2, 0, [5, 6, 7], [0, 0, 1], [1.0], ["click[b]"], 0.0)]
+  progress = {"1:0": np.array([0.5, -0.25], np.float32), "2:0": np.array([0.125], np.float32)}
+  rows = {mode: ppo.reward_batch(cfg, mode, sequences, progress, pad_id=0)["task_rewards_bs"][:2, :3]
+          for mode in ("spa", "sparse", "grounding_only")}
+  # spa: 2 c_t + 0.5 g_t; sparse: R at the last step; grounding_only: 0.5 g_t + R at the last step
+  np.testing.assert_allclose(rows["spa"], [[1.5, -0.5, 0.0], [0.75, 0.0, 0.0]])
+  np.testing.assert_allclose(rows["sparse"], [[0.0, 0.75, 0.0], [0.0, 0.0, 0.0]])
+  np.testing.assert_allclose(rows["grounding_only"], [[0.5, 0.75, 0.0], [0.5, 0.0, 0.0]])
 
 
 def test_config_errors_name_the_setting(tmp_path):
