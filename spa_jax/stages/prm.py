@@ -339,7 +339,7 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
   forward = estimator_forward(cfg, tokenizer, mesh)
   metadata = {"fingerprint": run_fingerprint(cfg, "prm"), "total_steps": len(plan)}
   fit = {}
-  with tracking.MetricsWriter(ws, "prm", cfg.tracking.tensorboard, append=resumed) as writer, \
+  with ckpt, tracking.MetricsWriter(ws, "prm", cfg.tracking.tensorboard, append=resumed) as writer, \
       tracking.progress(len(plan), "prm", unit="step", enabled=cfg.tracking.progress) as bar:
     bar.update(int(state.step))
     for step in range(int(state.step), len(plan)):
@@ -361,7 +361,6 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
       if (step + 1) % cfg.tracking.log_every == 0 or "epoch" in scalars:
         writer.write(step + 1, scalars)
       ckpt.save(step + 1, state, metadata, force=step + 1 == len(plan))
-  ckpt.close()
 
   model = state.model()
   outputs = save_estimator(ws, model, model_cfg) + [str(ws.stage_dir("prm") / SPLIT_FILE)]
