@@ -50,18 +50,23 @@ def run_seed(root: pathlib.Path, seed: int, overrides: dict[str, str]) -> dict:
   after = resource.getrusage(resource.RUSAGE_CHILDREN)
   if done.returncode:
     raise RuntimeError(f"seed {seed} failed (exit {done.returncode}); see {root / f'seed{seed}.log'}")
+  return {"seed": seed, "wall_s": round(time.time() - started, 1),
+          "cpu_s": round((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), 1),
+          **collect(workdir)}
+
+
+def collect(workdir: pathlib.Path) -> dict:
+  """A finished workspace's eval scores per policy and the estimator's fit."""
   report = json.loads((workdir / "reports" / "eval.json").read_text())
   estimator = json.loads((workdir / "prm" / "DONE.json").read_text())["summary"]
-  return {"seed": seed, "workspace": str(workdir),
-          "wall_s": round(time.time() - started, 1),
-          "cpu_s": round((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), 1),
-          "eval_tasks": report["tasks"],
-          "policies": {p: {m: report["policies"][p][m] for m in METRICS} for p in report["policies"]},
+  return {"workspace": str(workdir), "eval_tasks": report["tasks"],
+          "policies": {p: {m: report["policies"][p][m] for m in METRICS} for p in report.get("order", report["policies"])},
           "estimator": {key: estimator.get(key) for key in ESTIMATOR},
           "progress_plot": str(workdir / "plots" / "prm_progress.png")}
 
 
 def mean_std(values: list) -> tuple[float, float]:
+  """Mean and sample standard deviation (0 for one value) of the non-missing values."""
   values = [v for v in values if v is not None]
   if not values:
     return float("nan"), float("nan")
