@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 import types
 
@@ -64,6 +65,10 @@ def timed(fn, repeats: int, warmup: int) -> float:
   return statistics.median(times)
 
 
+def log(message: str) -> None:
+  print(f"[model_bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
 def count_params(state) -> int:
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state))
 
@@ -91,6 +96,7 @@ def bench_train(cfg: LlamaConfig, mesh, batch: int, seq: int, steps: int) -> dic
     compile_start = time.perf_counter()
     run()
     compile_s = time.perf_counter() - compile_start
+    log(f"train batch {batch}: first step (compiles) {compile_s:.1f} s")
     step_s = timed(run, repeats=steps, warmup=1)
   tokens_per_s = batch * seq / step_s
   result = {
@@ -136,8 +142,11 @@ def bench_decode(cfg: LlamaConfig, mesh, batch: int, prompt: int, new_tokens: in
                                     max_new_tokens=new_tokens, temperature=0.0)
       return time.perf_counter() - start, sum(len(t) for t in out.token_ids)
 
+    compile_start = time.perf_counter()
     run()  # compile
+    log(f"decode batch {batch}: first run (compiles) {time.perf_counter() - compile_start:.1f} s")
     runs = [run() for _ in range(3)]
+    log(f"decode batch {batch}: runs {[round(s, 3) for s, _ in runs]} s")
   seconds, generated = sorted(runs)[1]
   kv_bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(sampler.cache_dtype).itemsize
   mean_context = prompt + new_tokens / 2

@@ -116,13 +116,14 @@ class Sampler:
 
     def init_state(self) -> DecodeState:
         """Every row empty."""
-        shape = KVCache.array_shape(self.cfg, self.batch_size, self.max_len)
+        shape = KVCache.layer_shape(self.cfg, self.batch_size, self.max_len)
         make_cache = lambda: KVCache.init(self.cfg, self.batch_size, self.max_len, self.cache_dtype)  # noqa: E731
         if self.mesh is None:
             cache = make_cache()
         else:
             sharding = logical_to_sharding(CACHE_LOGICAL_AXES, self.mesh, shape)
-            cache = jax.jit(make_cache, out_shardings=KVCache(k=sharding, v=sharding))()
+            layers = (sharding,) * self.cfg.num_layers
+            cache = jax.jit(make_cache, out_shardings=KVCache(k=layers, v=layers))()
         pending_b = self._put(np.zeros(self.batch_size, np.int32), ("batch",))
         return DecodeState(cache=cache, pending_b=pending_b, lengths=np.zeros(self.batch_size, np.int64))
 
@@ -345,7 +346,7 @@ class Sampler:
 
     @staticmethod
     def _constrain_cache(cache: KVCache) -> KVCache:
-        return KVCache(k=constrain(cache.k, CACHE_LOGICAL_AXES), v=constrain(cache.v, CACHE_LOGICAL_AXES))
+        return jax.tree.map(lambda x: constrain(x, CACHE_LOGICAL_AXES), cache)
 
 
 def _to_host(x: jax.Array) -> np.ndarray:

@@ -28,7 +28,7 @@ from spa_jax.training.steps import make_sft_step
 from spa_jax.training.train_state import abstract_train_state, create_train_state
 from spa_jax.workspace import Workspace
 
-BUCKET_MULTIPLE = 512  # sequence lengths are padded to a multiple of this (one compile per length)
+BUCKET_MULTIPLE = 256  # sequence lengths are padded to a multiple of this (one compile per length)
 
 
 def expert_conversations(cfg: ml_collections.ConfigDict) -> list[af.Conversation]:

@@ -57,7 +57,7 @@ def test_expert_selects_the_instruction_options_before_buying(embedded_episodes)
         goal_values = {v.lower() for v in steps[-1].info["goal"]["goal_options"].values()}
         clicked = {action_of(s.response)[len("click["):-1] for s in steps[2:-1]}
         assert goal_values <= clicked
-        assert action_of(steps[-1].response) == "click[buy now]"
+        assert action_of(steps[-1].response) == "click[Buy Now]"
 
 
 def test_expert_refuses_to_act_on_a_finished_episode():

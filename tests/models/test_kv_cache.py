@@ -1,4 +1,4 @@
-"""KVCache: layout and writes, and the compiled decode loop (no transposed cache copies, in place)."""
+"""KVCache: layout and writes, and the compiled decode loop (no cache copies: updated in place)."""
 
 import re
 
@@ -17,20 +17,21 @@ BATCH, MAX_LEN = 3, 200
 def test_layout_and_writes_at_row_positions_drop_past_max_len(micro_cfg):
   cache = KVCache.init(micro_cfg, BATCH, MAX_LEN, jnp.float32)
   layer_shape = (BATCH, micro_cfg.num_kv_heads, MAX_LEN, micro_cfg.head_dim)
-  assert cache.k.shape == cache.v.shape == (micro_cfg.num_layers, *layer_shape)
-  assert cache.k.shape == KVCache.array_shape(micro_cfg, BATCH, MAX_LEN)
+  assert len(cache.k) == len(cache.v) == micro_cfg.num_layers
+  assert all(x.shape == layer_shape for x in cache.k + cache.v)
+  assert KVCache.layer_shape(micro_cfg, BATCH, MAX_LEN) == layer_shape
   assert (cache.batch, cache.max_len) == (BATCH, MAX_LEN)
 
   positions_bt = jnp.array([[0, 1], [5, 6], [MAX_LEN - 1, MAX_LEN]])  # row 2's second write is dropped
   k_btkh = jax.random.normal(jax.random.key(0), (BATCH, 2, micro_cfg.num_kv_heads, micro_cfg.head_dim))
   written = cache.write_layer(1, positions_bt, k_btkh, -k_btkh)
 
-  want_k = np.zeros(cache.k.shape, np.float32)
+  want_k = np.zeros((micro_cfg.num_layers, *layer_shape), np.float32)
   for b, t in np.ndindex(BATCH, 2):
     if positions_bt[b, t] < MAX_LEN:
       want_k[1, b, :, positions_bt[b, t]] = k_btkh[b, t]
-  np.testing.assert_array_equal(written.k, want_k)
-  np.testing.assert_array_equal(written.v, -want_k)
+  np.testing.assert_array_equal(np.stack(written.k), want_k)
+  np.testing.assert_array_equal(np.stack(written.v), -want_k)
 
 
 _ALIASING_OPCODES = ("parameter", "get-tuple-element", "bitcast", "tuple")
@@ -71,13 +72,13 @@ def _root_opcodes(hlo_text: str) -> dict[str, str]:
 def test_compiled_decode_loop_reads_cache_as_stored_and_updates_it_in_place(micro_model, micro_cfg):
   """XLA CPU's optimised HLO of a donated 4-step decode loop (float32: CPU widens bf16 scatters).
 
-  Every instruction with a buffer of at least one cache layer is either a scatter into the full
-  cache (in place: the loop never copies the cache) or a plain [batch, kv, max_len, head_dim]
-  slice of it (the attention operand); a transposed or re-laid-out layer copy, which the old
-  [.., max_len, kv_heads, ..] layout needed in every layer and step, fails this."""
+  The only instructions with a buffer of a cache layer's size are the in-place scatters of each
+  layer's k and v: attention reads its layer as stored. A transposed or re-laid-out layer copy
+  (which a [.., max_len, kv_heads, ..] layout needs) or a slice copied out of a stacked
+  [layers, ...] cache (which the earlier layout needed in every layer and step) fails this."""
   graphdef, params = nnx.split(micro_model)
   cache = KVCache.init(micro_cfg, BATCH, MAX_LEN, jnp.float32)
-  full_shape, layer_shape = cache.k.shape, cache.k.shape[1:]
+  layer_shape = cache.k[0].shape
 
   def decode_loop(params, cache, tokens_b, positions_b):
     model = nnx.merge(graphdef, params)
@@ -97,11 +98,9 @@ def test_compiled_decode_loop_reads_cache_as_stored_and_updates_it_in_place(micr
 
   big = [i for i in _top_level_instructions(text) if np.prod(i[1]) >= np.prod(layer_shape)]
   scatters = [i for i in big if i[0] == "scatter" or roots.get(i[3]) == "scatter"]
-  slices = [i for i in big if i[1] == layer_shape and i not in scatters]
   assert len(scatters) == 2 * micro_cfg.num_layers, big  # k and v of each layer, once per step
-  assert all(i[1] == full_shape for i in scatters), scatters
-  assert len(slices) == 2 * micro_cfg.num_layers, big  # the k and v operands of each layer
+  assert all(i[1] == layer_shape for i in scatters), scatters
   assert all(i[2] in ("", default_layout(i[1])) for i in big), big  # no re-laid-out copy
-  assert not [i for i in big if i not in scatters + slices], big
+  assert not [i for i in big if i not in scatters], big  # no copy of a layer at all
   stats = compiled.memory_analysis()
-  assert stats.alias_size_in_bytes >= cache.k.nbytes + cache.v.nbytes  # result cache = donated buffer
+  assert stats.alias_size_in_bytes >= cache.nbytes  # result cache = donated buffers

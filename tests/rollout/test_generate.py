@@ -298,8 +298,8 @@ def test_sharded_sampler_matches_single_device(tmp_path):
             state = sampler.extend(params, sampler.init_state(), range(4), prompts)
             state, out = sampler.generate(params, state, [True] * 4, rng=jax.random.key(0), max_new_tokens=6)
             if mesh is not None:
-                assert len(state.cache.k.sharding.device_set) == 4
-                assert state.cache.k.sharding.spec[1] == ("data", "fsdp")
+                assert len(state.cache.k[0].sharding.device_set) == 4
+                assert state.cache.k[0].sharding.spec[0] == ("data", "fsdp")
             outputs.append(out.token_ids)
         assert outputs[0] == outputs[1], outputs
         print("SHARDED_OK")

@@ -29,7 +29,7 @@ def test_expert_examples_train_on_the_agent_steps_only(micro_config):
   for example in examples:
     assert not any(example.step_mask[:prompt_len])  # instruction and "OK" carry no loss
     text = tokenizer.decode([t for t, m in zip(example.ids, example.step_mask) if m])
-    assert text.startswith("Thought: ") and "Action: search[" in text and "Action: click[buy now]" in text
+    assert text.startswith("Thought: ") and "Action: search[" in text and "Action: click[Buy Now]" in text
     assert len(example.step_ends) >= 3  # search, click product, ..., buy
 
 

@@ -2,7 +2,10 @@
 
 The expert knows the goal (privileged) but acts, where it can, in ways a model could learn from the
 visible text: it searches with words from the instruction, clicks the listed product whose title the
-instruction describes, selects the option values the instruction names, and buys. Privilege is used to
+instruction describes, selects the option values the instruction names, and buys. Its thoughts are
+short, and it writes every clickable exactly as the page shows it (`click[B0N34TJUTR]`,
+`click[Buy Now]`; the env lowercases arguments), so that a small model learns to copy from the page
+rather than to re-case what it reads. Privilege is used to
 pick WHICH instruction-derived query puts the target on the first results page (falling back to the
 target's title when none does) and to tell apart near misses whose titles look alike.
 
@@ -55,11 +58,11 @@ class ScriptedExpert:
         if available["has_search_bar"]:
             return self._search(goal)
         if "buy now" in clickables:
-            return self._on_item(goal, clickables)
+            return self._on_item(goal, obs, clickables)
         if "next >" in clickables:
             return self._on_results(goal, obs, clickables)
         if "< prev" in clickables:
-            return _turn("This page has no options or buy button; I'll go back to the product page.", "click[< prev]")
+            return _turn("This page has no options or buy button; I'll go back.", _click(obs, "< prev"))
         raise ValueError("the episode is over (no clickables); reset the env before asking the expert to act")
 
     def _search(self, goal: dict) -> str:
@@ -90,30 +93,24 @@ class ScriptedExpert:
         if target in listed:
             return self._click_product(goal, target, "matches")
         if self._searches < 2:
-            return _turn("None of these results is what the instruction asks for; I'll go back and search "
-                         "with other words.", "click[back to search]")
+            return _turn("None of these results fits; I'll search with other words.", _click(obs, "back to search"))
         if not listed:
-            return _turn("There are no results here; I'll search again.", "click[back to search]")
+            return _turn("There are no results here; I'll search again.", _click(obs, "back to search"))
         best = max(listed, key=lambda asin: _overlap(goal["instruction_text"], self.catalogue.by_asin[asin].title))
         return self._click_product(goal, best, "is the closest match to")
 
     def _click_product(self, goal: dict, asin: str, relation: str) -> str:
-        product = self.catalogue.by_asin[asin]
-        attributes = [a for a in goal["attributes"] if a.lower() in product.title.lower()]
-        detail = f", with {', '.join(attributes)}" if attributes else ""
-        return _turn(f"{asin} \"{product.title}\" ({product.price_display}) {relation} the {goal['query']} I need"
-                     f"{detail}; I'll open it.",
-                     f"click[{asin.lower()}]")
+        return _turn(f"{asin} {relation} the {goal['query']} I need; I'll open it.", f"click[{asin}]")
 
-    def _on_item(self, goal: dict, clickables: list[str]) -> str:
+    def _on_item(self, goal: dict, obs: str, clickables: list[str]) -> str:
         for value in _option_values(goal):
             if value in clickables and value not in self._selected:
                 self._selected.add(value)
-                return _turn(f"The instruction asks for {value}, and this product offers it; I'll select it.",
-                             f"click[{value}]")
+                shown = _shown(obs, value)
+                return _turn(f"The instruction asks for {shown}; I'll select it.", f"click[{shown}]")
         price = _PRICE_TEXT.search(goal["instruction_text"])
-        price_note = f", and its price is below {price.group(1)} dollars" if price else ""
-        return _turn(f"This product fits the instruction{price_note}; I'll buy it.", "click[buy now]")
+        price_note = f" and costs less than {price.group(1)} dollars" if price else ""
+        return _turn(f"This product fits the instruction{price_note}; I'll buy it.", _click(obs, "buy now"))
 
 
 def instruction_request(instruction_text: str) -> str:
@@ -150,6 +147,15 @@ def _option_values(goal: dict) -> list[str]:
 
 def _overlap(instruction: str, title: str) -> int:
     return len(set(_WORD.findall(instruction.lower())) & set(_WORD.findall(title.lower())))
+
+
+def _shown(obs: str, clickable: str) -> str:
+    """`clickable` (lowercased, as in `available_actions`) as the page `obs` writes it."""
+    return next((part for part in obs.split(" [SEP] ") if part.strip().lower() == clickable), clickable).strip()
+
+
+def _click(obs: str, clickable: str) -> str:
+    return f"click[{_shown(obs, clickable)}]"
 
 
 def _turn(thought: str, action: str) -> str:
