@@ -6,11 +6,21 @@ from types import ModuleType
 from typing import Any, Callable
 
 import ml_collections
+from webshop.search import SEARCH_BACKENDS
 
 CONFIGS_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
 STAGES = ("sft", "explore", "prm", "label", "ppo", "eval", "export")
 # Reward modes of the ppo stage (spa_jax.training.rewards.REWARD_MODES); mode m trains policy "ppo_<m>".
 REWARD_MODES = ("spa", "sparse", "grounding_only")
+PPO_MODES = ("online", "offline")  # ppo.mode: fresh rollouts per iteration | the labelled exploration set
+CRITIC_INITS = ("sft", "prm")  # ppo.critic_init: the critic's backbone (SFT policy | progress estimator)
+SFT_SCHEDULES = ("cosine", "constant")  # sft.schedule: warmup + cosine decay | warmup + constant
+DTYPES = ("float32", "bfloat16", "float16")  # activation dtypes (model.dtype, prm.dtype)
+# Copies of constants of modules that need JAX/Flax, so that loading a config stays light; a test
+# (tests/pipeline/test_config.py) checks each equals its source.
+KL_ESTIMATORS = ("kl", "k3")  # spa_jax.training.kl.KL_ESTIMATORS
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                "lm_head")  # spa_jax.models.lora.ALL_TARGETS
 UNTRAINED = "untrained"  # the randomly initialised (tiny) or HF base model, before any training
 # The config sections each stage needs (its own and those of the stages it depends on).
 REQUIRED_SECTIONS = {
@@ -143,11 +153,13 @@ def _section_errors(cfg) -> list[str]:
   return errors
 
 
-def _value_errors(cfg) -> list[str]:
-  errors = []
+def _base_errors(errors: list[str], cfg) -> None:
+  """Sections every config has: seed, env, model, tokenizer, agent, mesh, distributed, tracking."""
+  _at_least(errors, cfg, "seed", 0)  # numpy seed sequences take non-negative entropy only
   _choice(errors, cfg, "env.catalogue", ("embedded", "dir"))
   _choice(errors, cfg, "env.goals", ("synthetic", "human"))
   _choice(errors, cfg, "env.observation_mode", ("text", "text_rich"))
+  _choice(errors, cfg, "env.search_backend", ("", *SEARCH_BACKENDS))
   _at_least(errors, cfg, "env.max_steps", 1)
   _at_least(errors, cfg, "env.num_envs", 1)
   _at_least(errors, cfg, "env.pool_workers", 0)
@@ -155,12 +167,14 @@ def _value_errors(cfg) -> list[str]:
     _existing_path(errors, cfg, "env.data_dir", "when env.catalogue='dir'")
   for path in ("env.train_split", "env.eval_split"):
     _split(errors, cfg, path)
-  _choice(errors, cfg, "model.dtype", ("float32", "bfloat16", "float16"))
+  _choice(errors, cfg, "model.dtype", DTYPES)
   _choice(errors, cfg, "model.param_dtype", ("float32", "bfloat16"))
   for field in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
     _check(errors, cfg, f"model.arch.{field}", lambda v: v is None or v >= 1, "None (the preset's) or >= 1")
   _at_least(errors, cfg, "model.lora.rank", 1)
   _positive(errors, cfg, "model.lora.alpha")
+  _check(errors, cfg, "model.lora.targets", lambda v: set(v.split(",")) <= set(LORA_TARGETS),
+         f"comma-separated names (no spaces) from {LORA_TARGETS}")  # as apply_lora's callers split it
   if cfg.model.preset in REAL_MODEL_PRESETS:
     _existing_path(errors, cfg, "model.hf_path", f"for preset {cfg.model.preset!r} (HF weights dir)")
   _choice(errors, cfg, "tokenizer.kind", ("hf", "sentencepiece"))
@@ -173,37 +187,84 @@ def _value_errors(cfg) -> list[str]:
     _check(errors, cfg, f"mesh.{axis}", lambda v: v == -1 or v >= 1, "-1 (all remaining devices) or >= 1")
   _choice(errors, cfg, "distributed.initialize", ("auto", "always", "never"))
   _at_least(errors, cfg, "tracking.log_every", 1)
+
+
+def _training_errors(errors: list[str], cfg) -> None:
+  """Fields the trained stages (sft, prm, ppo) share, and the sampling ones of explore, ppo, eval."""
   for stage in ("sft", "prm", "ppo"):
     _choice(errors, cfg, f"{stage}.finetune", ("full", "lora"))
     _positive(errors, cfg, f"{stage}.learning_rate")
     _at_least(errors, cfg, f"{stage}.max_len", 64)
+    _at_least(errors, cfg, f"{stage}.checkpoint_every", 1)
+    _at_least(errors, cfg, f"{stage}.keep_checkpoints", 1)
   for stage in ("sft", "prm"):
     _at_least(errors, cfg, f"{stage}.epochs", 1)
     _at_least(errors, cfg, f"{stage}.micro_batch_size", 1)
     _check(errors, cfg, f"{stage}.batch_size",
            lambda v, s=stage: v >= 1 and v % cfg[s].micro_batch_size == 0,
            f"a positive multiple of {stage}.micro_batch_size")
-  if "sft" in cfg and cfg.sft.data != "expert":
-    _existing_path(errors, cfg, "sft.data", "(a webshop_sft.json file, or 'expert')")
-  _check(errors, cfg, "prm.holdout_fraction", lambda v: 0 <= v < 1, "in [0, 1)")
+    _at_least(errors, cfg, f"{stage}.weight_decay", 0.0)
+  for stage in ("prm", "ppo"):
+    _positive(errors, cfg, f"{stage}.grad_clip")
+    _at_least(errors, cfg, f"{stage}.length_bucket", 1)
   for stage in ("explore", "ppo", "eval"):
     _at_least(errors, cfg, f"{stage}.temperature", 0.0)
     _check(errors, cfg, f"{stage}.top_p", lambda v: 0 < v <= 1, "in (0, 1]")
     _at_least(errors, cfg, f"{stage}.max_new_tokens", 1)
-  _at_least(errors, cfg, "explore.samples_per_task", 1)
   for path in ("explore.max_tasks", "eval.max_tasks", "sft.expert_episodes"):
     _check(errors, cfg, path, lambda v: v is None or v >= 1, "None (all) or >= 1")
-  if "ppo" in cfg:
-    bad = [m for m in split_names(cfg.ppo.reward_modes) if m not in REWARD_MODES]
-    if bad or not split_names(cfg.ppo.reward_modes):
-      errors.append(f"config.ppo.reward_modes={cfg.ppo.reward_modes!r}: must name one or more of {REWARD_MODES}")
-  for path in ("sft.checkpoint_every", "sft.keep_checkpoints"):
-    _at_least(errors, cfg, path, 1)
-  for path in ("ppo.iterations", "ppo.rollouts_per_iteration", "ppo.mini_batch_size",
-               "ppo.grad_accum", "ppo.ppo_epochs"):
+
+
+def _sft_explore_prm_errors(errors: list[str], cfg) -> None:
+  if "sft" in cfg and cfg.sft.data != "expert":
+    _existing_path(errors, cfg, "sft.data", "(a webshop_sft.json file, or 'expert')")
+  _choice(errors, cfg, "sft.schedule", SFT_SCHEDULES)
+  _check(errors, cfg, "sft.warmup_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
+  _at_least(errors, cfg, "explore.samples_per_task", 1)
+  _choice(errors, cfg, "prm.dtype", ("", *DTYPES))  # "": model.dtype
+  _check(errors, cfg, "prm.holdout_fraction", lambda v: 0 <= v < 1, "in [0, 1)")
+  _at_least(errors, cfg, "prm.warmup_steps", 0)
+  _at_least(errors, cfg, "prm.plot_examples", 1)
+
+
+def _ppo_errors(errors: list[str], cfg) -> None:
+  """The ppo section, including how its batch sizes divide each other."""
+  if "ppo" not in cfg:
+    return
+  p = cfg.ppo
+  _choice(errors, cfg, "ppo.mode", PPO_MODES)
+  _choice(errors, cfg, "ppo.critic_init", CRITIC_INITS)
+  bad = [m for m in split_names(p.reward_modes) if m not in REWARD_MODES]
+  if bad or not split_names(p.reward_modes):
+    errors.append(f"config.ppo.reward_modes={p.reward_modes!r}: must name one or more of {REWARD_MODES}")
+  for path in ("ppo.iterations", "ppo.rollouts_per_iteration", "ppo.samples_per_task",
+               "ppo.mini_batch_size", "ppo.grad_accum", "ppo.ppo_epochs", "ppo.kl.horizon"):
     _at_least(errors, cfg, path, 1)
   for path in ("ppo.gamma", "ppo.gae_lambda"):
     _check(errors, cfg, path, lambda v: 0 <= v <= 1, "in [0, 1]")
+  for path in ("ppo.clip_ratio", "ppo.value_clip", "ppo.kl.target"):
+    _positive(errors, cfg, path)
+  for path in ("ppo.vf_coef", "ppo.entropy_coef", "ppo.kl.init_coef"):
+    _at_least(errors, cfg, path, 0.0)
+  _at_least(errors, cfg, "ppo.max_mean_ratio", 1.0)  # the mean ratio is 1 before an update
+  _choice(errors, cfg, "ppo.kl.estimator", KL_ESTIMATORS)
+  rows = p.mini_batch_size * p.grad_accum
+  if rows >= 1 and p.rollouts_per_iteration % rows:
+    errors.append(f"config.ppo.rollouts_per_iteration={p.rollouts_per_iteration}: must be a multiple of "
+                  f"ppo.mini_batch_size * ppo.grad_accum = {rows}")
+  if p.samples_per_task >= 1 and p.rollouts_per_iteration % p.samples_per_task:
+    errors.append(f"config.ppo.rollouts_per_iteration={p.rollouts_per_iteration}: must be a multiple of "
+                  f"ppo.samples_per_task={p.samples_per_task}")
+  if p.mode == "offline" and "prm" in cfg and cfg.prm.holdout_fraction == 0:
+    errors.append("config.ppo.mode='offline' trains on the label stage's held-out trajectories: "
+                  "set config.prm.holdout_fraction > 0")
+
+
+def _value_errors(cfg) -> list[str]:
+  """Every field's value and range, each error naming the field and what it must be."""
+  errors = []
+  for section_errors in (_base_errors, _training_errors, _sft_explore_prm_errors, _ppo_errors):
+    section_errors(errors, cfg)
   return errors
 
 

@@ -55,14 +55,48 @@ def test_unknown_preset_is_rejected():
     ("sft.data", "/no/such/webshop_sft.json", "does not exist"),
     ("env.eval_split", "paper_test", "must be one of ('train', 'test', 'all') for env.catalogue='embedded'"),
     ("env.train_split", "file:/no/such/indices.json", "the indices file does not exist"),
+    ("env.search_backend", "lucene", "config.env.search_backend='lucene': must be one of ('', 'pyserini', 'bm25')"),
+    ("seed", -1, "config.seed=-1: must be >= 0"),
+    ("model.lora.targets", "q_proj,qkv", "config.model.lora.targets='q_proj,qkv': must be comma-separated names"),
+    ("model.lora.targets", "q_proj, v_proj", "config.model.lora.targets='q_proj, v_proj': must be comma-separated"),
+    ("sft.schedule", "cosin", "config.sft.schedule='cosin': must be one of ('cosine', 'constant')"),
+    ("prm.dtype", "fp8", "config.prm.dtype='fp8': must be one of ('', 'float32', 'bfloat16', 'float16')"),
+    ("prm.length_bucket", 0, "config.prm.length_bucket=0: must be >= 1"),
+    ("prm.checkpoint_every", 0, "config.prm.checkpoint_every=0: must be >= 1"),
+    ("ppo.mode", "replay", "config.ppo.mode='replay': must be one of ('online', 'offline')"),
+    ("ppo.critic_init", "value", "config.ppo.critic_init='value': must be one of ('sft', 'prm')"),
+    ("ppo.samples_per_task", 0, "config.ppo.samples_per_task=0: must be >= 1"),
+    ("ppo.samples_per_task", 3, "config.ppo.rollouts_per_iteration=16: must be a multiple of ppo.samples_per_task=3"),
+    ("ppo.rollouts_per_iteration", 12, "config.ppo.rollouts_per_iteration=12: must be a multiple of "
+                                       "ppo.mini_batch_size * ppo.grad_accum = 8"),
+    ("ppo.length_bucket", 0, "config.ppo.length_bucket=0: must be >= 1"),
+    ("ppo.checkpoint_every", 0, "config.ppo.checkpoint_every=0: must be >= 1"),
+    ("ppo.kl.estimator", "k2", "config.ppo.kl.estimator='k2': must be one of ('kl', 'k3')"),
 ])
 def test_bad_values_are_named(path, value, message):
   cfg = configuration.load_config("eval")
-  section, key = path.split(".")
-  cfg[section][key] = value
+  cfg.update_from_flattened_dict({path: value})
   with pytest.raises(ValueError) as error:
     configuration.validate(cfg)
   assert message in str(error.value)
+
+
+def test_offline_ppo_needs_held_out_trajectories():
+  cfg = configuration.load_config("ppo")
+  cfg.ppo.mode = "offline"
+  configuration.validate(cfg)
+  cfg.prm.holdout_fraction = 0.0
+  with pytest.raises(ValueError, match=r"ppo.mode='offline' .* set config.prm.holdout_fraction > 0"):
+    configuration.validate(cfg)
+
+
+def test_choice_lists_equal_the_modules_they_copy():
+  from spa_jax.models.lora import ALL_TARGETS
+  from spa_jax.training.kl import KL_ESTIMATORS
+  from spa_jax.training.rewards import REWARD_MODES
+  assert configuration.LORA_TARGETS == ALL_TARGETS
+  assert configuration.KL_ESTIMATORS == KL_ESTIMATORS
+  assert configuration.REWARD_MODES == REWARD_MODES
 
 
 def test_target_outside_the_config_chain_names_the_config_to_use():

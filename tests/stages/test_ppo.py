@@ -1,5 +1,6 @@
 """ppo stage: an online iteration changes the policy, a killed run resumes from its checkpoint to the
-uninterrupted result, offline PPO trains on the label stage's rewards, reward modes, config errors."""
+uninterrupted result, offline PPO trains on the label stage's rewards, reward modes (config errors:
+tests/pipeline/test_config.py)."""
 
 import shutil
 
@@ -80,9 +81,3 @@ def test_reward_modes_of_one_batch(tmp_path):
   np.testing.assert_allclose(rows["spa"], [[1.5, -0.5, 0.0], [0.75, 0.0, 0.0]])
   np.testing.assert_allclose(rows["sparse"], [[0.0, 0.75, 0.0], [0.0, 0.0, 0.0]])
   np.testing.assert_allclose(rows["grounding_only"], [[0.5, 0.75, 0.0], [0.5, 0.0, 0.0]])
-
-
-def test_config_errors_name_the_setting(tmp_path):
-  cfg = make_config(tmp_path / "ws", {"ppo.rollouts_per_iteration": 3, "ppo.mode": "replay"})
-  with pytest.raises(ValueError, match=r"ppo.mode='replay'.*\n.*rollouts_per_iteration=3 must be a multiple"):
-    ppo.check_config(cfg)
