@@ -21,6 +21,11 @@ def sft_section(preset: str) -> ml_collections.ConfigDict:
       warmup_ratio=0.03,
       weight_decay=0.0,
       max_len=4096 if real else 2048,
+      # Weight of a language-model loss on the other tokens (prompt, observations) beside the
+      # agent's: 0 is the paper's agent-only SFT (real presets). The tiny model starts from random
+      # weights; on the observations, which repeat the instruction and product text verbatim, it
+      # learns to copy from its context, which a pretrained LLM already can.
+      context_loss_weight=0.0 if real else 0.25,
       grad_checkpointing=real,
       checkpoint_every=200 if real else 10,  # optimizer steps between Orbax checkpoints (resume points)
       keep_checkpoints=2,

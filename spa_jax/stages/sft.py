@@ -2,7 +2,8 @@
 
 Data: ScriptedExpert episodes on the train split (`sft.data="expert"`), or an ETO/SPA-RL
 `webshop_sft.json` FastChat file. Each conversation is one sequence; the loss covers the agent's
-step turns only (`build_sft_example(...).step_mask`). Batches group examples of similar length
+step turns (`build_sft_example(...).step_mask`), plus, with `sft.context_loss_weight > 0`, the other
+tokens at that weight (a language-model loss that teaches a randomly initialised model to copy). Batches group examples of similar length
 (length buckets); their order is a pure function of (seed, epoch), so a run restored from its
 latest Orbax checkpoint (train state + step) continues exactly where it stopped.
 Writes: policies/sft/ (HF directory), checkpoints/sft/<config hash>/, metrics/sft.jsonl, plots/sft.png.
@@ -83,14 +84,17 @@ def epoch_batches(lengths: list[int], batch_size: int, max_len: int, seed: int, 
 
 
 def sft_batch(examples: list[af.SftExample], rows: list[int], seq_len: int, batch_size: int,
-              pad_id: int) -> dict[str, np.ndarray]:
-  """tokens_bt / positions_bt / loss_mask_bt of `rows`, padded to `batch_size` rows with masked-out ones."""
+              pad_id: int, context_weight: float = 0.0) -> dict[str, np.ndarray]:
+  """tokens_bt / positions_bt / loss_mask_bt of `rows`, padded to `batch_size` rows with masked-out ones.
+
+  loss_mask_bt weighs agent-step tokens 1, the example's other tokens `context_weight`, padding 0."""
   tokens = np.full((batch_size, seq_len), pad_id, np.int32)
   mask = np.zeros((batch_size, seq_len), np.float32)
   for r, index in enumerate(rows):
     example = examples[index]
+    step_mask = np.asarray(example.step_mask, np.float32)
     tokens[r, :len(example.ids)] = example.ids
-    mask[r, :len(example.ids)] = example.step_mask
+    mask[r, :len(example.ids)] = step_mask + context_weight * (1.0 - step_mask)
   positions = np.broadcast_to(np.arange(seq_len, dtype=np.int32), (batch_size, seq_len))
   return {"tokens_bt": tokens, "positions_bt": positions, "loss_mask_bt": mask}
 
@@ -160,7 +164,8 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
     bar.update(int(state.step))
     for step in range(int(state.step), len(plan)):
       seq_len, rows = plan[step]
-      local = _process_rows(sft_batch(examples, rows, seq_len, cfg.sft.batch_size, tokenizer.pad_id))
+      local = _process_rows(sft_batch(examples, rows, seq_len, cfg.sft.batch_size, tokenizer.pad_id,
+                                      cfg.sft.context_loss_weight))
       state, metrics = step_fn(state, to_global_batch(local, mesh))
       losses.append(float(metrics["sft_loss"]))
       bar.update(1)

@@ -20,6 +20,7 @@ class SumCount(NamedTuple):
 
 
 def masked_sum_count(x: jax.Array, mask: jax.Array) -> SumCount:
-  """Sum of `x` where `mask` is 1, and the number of such elements (both float32 scalars)."""
+  """Sum of `x` weighted by `mask` (0/1, or weights), and the sum of the weights: with a 0/1 mask,
+  the number of elements counted (both float32 scalars)."""
   mask = mask.astype(jnp.float32)
   return SumCount(jnp.sum(x.astype(jnp.float32) * mask), jnp.sum(mask))

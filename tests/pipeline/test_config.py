@@ -59,6 +59,7 @@ def test_unknown_preset_is_rejected():
     ("seed", -1, "config.seed=-1: must be >= 0"),
     ("model.lora.targets", "q_proj,qkv", "config.model.lora.targets='q_proj,qkv': must be comma-separated names"),
     ("model.lora.targets", "q_proj, v_proj", "config.model.lora.targets='q_proj, v_proj': must be comma-separated"),
+    ("sft.context_loss_weight", -0.5, "config.sft.context_loss_weight=-0.5: must be >= 0.0"),
     ("sft.schedule", "cosin", "config.sft.schedule='cosin': must be one of ('cosine', 'constant')"),
     ("prm.dtype", "fp8", "config.prm.dtype='fp8': must be one of ('', 'float32', 'bfloat16', 'float16')"),
     ("prm.length_bucket", 0, "config.prm.length_bucket=0: must be >= 1"),

@@ -48,11 +48,25 @@ def test_epoch_batches_cover_every_example_once_grouped_by_length():
   batches = sft.epoch_batches(lengths, batch_size=2, max_len=2048, seed=0, epoch=0)
   assert sorted(i for _, rows in batches for i in rows) == list(range(len(lengths)))
   for seq_len, rows in batches:
-    assert all(lengths[i] <= seq_len and seq_len % 512 == 0 for i in rows)
+    assert all(lengths[i] <= seq_len and seq_len % sft.BUCKET_MULTIPLE == 0 for i in rows)
   buckets = [{sft.bucket_length(lengths[i], 2048) for i in rows} for _, rows in batches]
   assert sum(len(b) > 1 for b in buckets) <= 3  # only the leftovers of a bucket mix lengths
   assert batches == sft.epoch_batches(lengths, batch_size=2, max_len=2048, seed=0, epoch=0)
   assert batches != sft.epoch_batches(lengths, batch_size=2, max_len=2048, seed=0, epoch=1)
+
+
+def test_batch_mask_weighs_agent_tokens_one_context_tokens_by_weight_and_padding_zero():
+  short = af.SftExample(ids=[5, 6, 7, 8], loss_mask=[0, 0, 1, 1], step_mask=[0, 0, 1, 1], step_ends=[3])
+  long = af.SftExample(ids=[5, 6, 7, 8, 9, 10], loss_mask=[0, 1, 1, 0, 1, 1], step_mask=[0, 0, 0, 0, 1, 1],
+                       step_ends=[5])
+  batch = sft.sft_batch([short, long], rows=[1, 0], seq_len=8, batch_size=3, pad_id=0, context_weight=0.25)
+  np.testing.assert_array_equal(batch["loss_mask_bt"], [
+      [0.25, 0.25, 0.25, 0.25, 1, 1, 0, 0],
+      [0.25, 0.25, 1, 1, 0, 0, 0, 0],
+      [0, 0, 0, 0, 0, 0, 0, 0]])
+  np.testing.assert_array_equal(batch["tokens_bt"][:2], [[5, 6, 7, 8, 9, 10, 0, 0], [5, 6, 7, 8, 0, 0, 0, 0]])
+  agent_only = sft.sft_batch([short, long], rows=[1, 0], seq_len=8, batch_size=3, pad_id=0)
+  np.testing.assert_array_equal(agent_only["loss_mask_bt"][0], long.step_mask + [0, 0])  # the paper's SFT
 
 
 RESUME = {key: value for key, value in MICRO.items() if key.split(".")[0] not in ("explore", "eval")}
