@@ -1,14 +1,16 @@
-"""Run tracking: metrics as JSONL + TensorBoard, standard plots, and progress bars.
+"""Run tracking: metrics as JSONL + TensorBoard, standard plots, progress bars, timings, device memory.
 
 Only the main process writes; on other processes the writer and progress bars are silent no-ops.
 """
 
+import contextlib
 import json
 import math
 import pathlib
 import time
 from typing import Iterable, Mapping
 
+import jax
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -116,3 +118,22 @@ def progress(total: int | None, desc: str, unit: str = "it", enabled: bool = Tru
   """A tqdm bar shown on the main process only; use `.set_postfix(...)` for rates."""
   return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True,
               disable=not (enabled and distributed.is_main_process()))
+
+
+def peak_memory_gb() -> float | None:
+  """High-water mark of the first local device's allocator since the process started, in GB (1e9
+  bytes); None where the backend keeps no such count (CPU)."""
+  stats = jax.local_devices()[0].memory_stats() or {}
+  peak = stats.get("peak_bytes_in_use")
+  return None if peak is None else peak / 1e9
+
+
+@contextlib.contextmanager
+def timed(record: dict, name: str):
+  """Records the `with` block's wall seconds as `record[name]`.
+
+  JAX dispatches asynchronously: the block must end with its results on the host (or call
+  `jax.block_until_ready`) for the time to be its own work's."""
+  start = time.perf_counter()
+  yield
+  record[name] = time.perf_counter() - start

@@ -19,6 +19,12 @@ Each agent turn is one action (step). Per iteration:
    (`grad_accum` micro-batches each): clipped policy + clipped value loss (`training.make_ppo_step`);
 6. the KL coefficient's controller (fixed or adaptive) sees the batch's mean KL.
 
+Each iteration's metrics also time its phases (wall seconds, compilation included: the first
+iteration compiles): `time_rollout_s` (1, online or offline data), `time_rewards_s` (2),
+`time_targets_s` (3-4), `time_update_s` (5); and, on GPU/TPU, `peak_memory_gb`: the device
+allocator's high-water mark at the iteration's end (GB since the process started, so it includes
+earlier stages run in the same process).
+
 Each mode m starts from the SFT policy and writes policies/ppo_<m>/ (LoRA merged),
 checkpoints/ppo/<fingerprint>/<m>/ (after every `checkpoint_every` iterations; a rerun resumes),
 metrics/ppo_<m>.jsonl and plots/ppo_<m>.png.
@@ -292,19 +298,27 @@ def train_mode(shared: Shared, mode: str) -> dict:
   last = {}
   with ckpt, tracking.MetricsWriter(ws, metrics_name, cfg.tracking.tensorboard, append=resumed) as writer:
     for iteration in range(start, cfg.ppo.iterations):
-      if shared.offline is not None:
-        sequences, rollout = offline_sequences(shared, iteration)
-      else:
-        sequences, rollout = online_sequences(shared, mode, iteration, state)
+      times = {}
+      with tracking.timed(times, "time_rollout_s"):
+        if shared.offline is not None:
+          sequences, rollout = offline_sequences(shared, iteration)
+        else:
+          sequences, rollout = online_sequences(shared, mode, iteration, state)
       if not sequences:
         raise ValueError(f"ppo {mode} iteration {iteration}: every rollout was dropped (no steps or longer "
                          f"than ppo.max_len={cfg.ppo.max_len})")
-      batch = reward_batch(cfg, mode, sequences, progress_of(shared, mode, sequences), shared.tokenizer.pad_id)
-      batch, kl_stats = targets_batch(shared, state, batch, kl_coef)
-      state, train = update(shared, step_fn, state, batch, iteration)
+      with tracking.timed(times, "time_rewards_s"):
+        batch = reward_batch(cfg, mode, sequences, progress_of(shared, mode, sequences), shared.tokenizer.pad_id)
+      with tracking.timed(times, "time_targets_s"):
+        batch, kl_stats = targets_batch(shared, state, batch, kl_coef)
+      with tracking.timed(times, "time_update_s"):
+        state, train = update(shared, step_fn, state, batch, iteration)
+        jax.block_until_ready(state)
       kl_coef = controller.update(kl_coef, kl_stats["kl"], len(sequences))
       last = {**{k: rollout[k] for k in ROLLOUT_METRICS if k in rollout}, **kl_stats, **train,
-              "trajectories": len(sequences)}
+              "trajectories": len(sequences), **times}
+      if (peak := tracking.peak_memory_gb()) is not None:
+        last["peak_memory_gb"] = peak
       writer.write(iteration + 1, last)
       logging.info("ppo %s iteration %d/%d: score %.1f, policy loss %.4f, value loss %.4f, KL %.4f",
                    mode, iteration + 1, cfg.ppo.iterations, rollout.get("score", float("nan")),

@@ -9,7 +9,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from spa_jax.stages import label, ppo, prm
-from spa_jax.tracking import read_metrics
+from spa_jax.tracking import peak_memory_gb, read_metrics
 from spa_jax.workspace import Workspace
 from spa_workspace import make_config, workspace_copy
 
@@ -29,6 +29,9 @@ def test_online_ppo_changes_the_policy_and_resumes_after_a_kill(tmp_path_factory
   assert [row["step"] for row in rows] == [1, 2]
   for key in ("policy_loss", "value_loss", "kl", "clip_frac", "score", "task_return", "kl_coef"):
     assert np.isfinite(rows[-1][key])
+  for row in rows:  # every phase of every iteration is timed
+    assert all(row[f"time_{phase}_s"] > 0 for phase in ("rollout", "rewards", "targets", "update"))
+  assert ("peak_memory_gb" in rows[0]) == (peak_memory_gb() is not None)  # absent on CPU
   assert rows[0]["trajectories"] == 2 and rows[0]["skipped"] == 0.0
   sft, trained = _weights(straight, "sft"), _weights(straight, "ppo_spa")
   assert sft.keys() == trained.keys()
