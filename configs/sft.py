@@ -22,10 +22,10 @@ def sft_section(preset: str) -> ml_collections.ConfigDict:
       weight_decay=0.0,
       max_len=4096 if real else 2048,
       # Weight of a language-model loss on the other tokens (prompt, observations) beside the
-      # agent's: 0 is the paper's agent-only SFT (real presets). The tiny model starts from random
-      # weights; on the observations, which repeat the instruction and product text verbatim, it
-      # learns to copy from its context, which a pretrained LLM already can.
-      context_loss_weight=0.0 if real else 0.25,
+      # agent's; 0 is the paper's agent-only SFT. For a randomly initialised model it is a stand-in
+      # for pretraining (the observations repeat the instruction and product text verbatim); on
+      # the tiny default 0.25 did worse than 0 (bench/RESULTS.md), so every preset uses 0.
+      context_loss_weight=0.0,
       grad_checkpointing=real,
       checkpoint_every=200 if real else 10,  # optimizer steps between Orbax checkpoints (resume points)
       keep_checkpoints=2,

@@ -47,8 +47,21 @@ def test_first_search_uses_the_instruction_words(embedded_episodes):
     verbatim = sum(query == request for query, request, _ in first_queries)
     from_instruction = sum(set(WORD.findall(query)) <= set(WORD.findall(instruction.lower()))
                            for query, _, instruction in first_queries)
-    assert verbatim / len(episodes) >= 0.8
+    assert verbatim / len(episodes) >= 0.6  # the rest: another instruction query that ranks the target first
     assert from_instruction / len(episodes) >= 0.95
+
+
+def test_expert_mostly_opens_the_top_result(embedded_episodes):
+    _, episodes = embedded_episodes
+    positions = []
+    for steps in episodes:
+        for step in steps:
+            listed = [part for part in step.observation.split(" [SEP] ") if re.fullmatch(r"B0[0-9A-Z]{8}", part)]
+            clicked = action_of(step.response)[len("click["):-1]
+            if clicked in listed:
+                positions.append(listed.index(clicked))
+    assert len(positions) >= len(episodes)
+    assert positions.count(0) / len(positions) >= 0.4  # 0.32 when the first query showing the target won
 
 
 def test_expert_selects_the_instruction_options_before_buying(embedded_episodes):

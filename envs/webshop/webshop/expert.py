@@ -73,7 +73,9 @@ class ScriptedExpert:
         return _turn(f"I {reason}; I'll search for it.", f"search[{_BRACKETS.sub(' ', query).strip()}]")
 
     def _ranked_queries(self, goal: dict) -> list[tuple[str, str]]:
-        """Instruction-derived queries, then the target's title; the first whose first page shows the target moved to the front."""
+        """Instruction-derived queries, then the target's title. In front: the first
+        instruction-derived query that ranks the target first (a demonstration that clicks the top
+        result is the easiest to learn), else the first query that shows it on the first page."""
         request = instruction_request(goal["instruction_text"])
         option_words = " ".join(_option_values(goal))
         title = self.catalogue.by_asin[goal["asin"]].title
@@ -84,8 +86,17 @@ class ScriptedExpert:
             (title.lower(), f"am looking for a product like \"{title}\""),
         ]
         search = self.catalogue.search_engine.search
-        first_hit = next((q for q in queries if goal["asin"] in search(q[0])[:PRODUCT_WINDOW]), None)
-        return ([first_hit] if first_hit else []) + [q for q in queries if q is not first_hit]
+
+        def rank(query: tuple[str, str]) -> int:
+            page = search(query[0])[:PRODUCT_WINDOW]
+            return page.index(goal["asin"]) if goal["asin"] in page else PRODUCT_WINDOW
+
+        ranks = [rank(q) for q in queries]
+        top = next((i for i in range(len(queries) - 1) if ranks[i] == 0), None)
+        best = top if top is not None else next((i for i, r in enumerate(ranks) if r < PRODUCT_WINDOW), None)
+        if best is None:
+            return queries
+        return [queries[best]] + [q for i, q in enumerate(queries) if i != best]
 
     def _on_results(self, goal: dict, obs: str, clickables: list[str]) -> str:
         listed = [self._asin_by_lower[c] for c in clickables if c not in _NAVIGATION and c in self._asin_by_lower]
