@@ -66,6 +66,8 @@ def get_base_config(preset: str = TINY) -> ml_collections.ConfigDict:
       hf_path=config_dict.placeholder(str),  # HF weights dir; required for real presets
       dtype="bfloat16" if real else "float32",  # activations
       param_dtype="float32",
+      # rematerialisation in training forward passes: "none" | "full" | "dots" | "dots_no_batch"
+      remat_policy="full" if real else "none",
       lora=ml_collections.ConfigDict(dict(rank=8, alpha=16.0, targets="q_proj,v_proj")),
   ))
   cfg.tokenizer = ml_collections.ConfigDict(dict(

@@ -26,7 +26,6 @@ def sft_section(preset: str) -> ml_collections.ConfigDict:
       # for pretraining (the observations repeat the instruction and product text verbatim); on
       # the tiny default 0.25 did worse than 0 (bench/RESULTS.md), so every preset uses 0.
       context_loss_weight=0.0,
-      grad_checkpointing=real,
       checkpoint_every=200 if real else 10,  # optimizer steps between Orbax checkpoints (resume points)
       keep_checkpoints=2,
   ))

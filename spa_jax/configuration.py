@@ -19,6 +19,7 @@ DTYPES = ("float32", "bfloat16", "float16")  # activation dtypes (model.dtype, p
 # Copies of constants of modules that need JAX/Flax, so that loading a config stays light; a test
 # (tests/pipeline/test_config.py) checks each equals its source.
 KL_ESTIMATORS = ("kl", "k3")  # spa_jax.training.kl.KL_ESTIMATORS
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")  # spa_jax.models.config.REMAT_POLICIES
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                 "lm_head")  # spa_jax.models.lora.ALL_TARGETS
 UNTRAINED = "untrained"  # the randomly initialised (tiny) or HF base model, before any training
@@ -169,6 +170,7 @@ def _base_errors(errors: list[str], cfg) -> None:
     _split(errors, cfg, path)
   _choice(errors, cfg, "model.dtype", DTYPES)
   _choice(errors, cfg, "model.param_dtype", ("float32", "bfloat16"))
+  _choice(errors, cfg, "model.remat_policy", REMAT_POLICIES)
   for field in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
     _check(errors, cfg, f"model.arch.{field}", lambda v: v is None or v >= 1, "None (the preset's) or >= 1")
   _at_least(errors, cfg, "model.lora.rank", 1)

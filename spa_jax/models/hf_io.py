@@ -82,15 +82,15 @@ def _to_device(host: np.ndarray, sharding: NamedSharding | None) -> jax.Array:
 
 
 def load_hf(
-    path: str | os.PathLike, cfg: LlamaConfig | None = None, mesh: Mesh | None = None, *,
-    param_dtype: str | None = None, dtype: str | None = None,
+    path: str | os.PathLike, cfg: LlamaConfig | None = None, mesh: Mesh | None = None, **overrides,
 ) -> tuple[LlamaConfig, Llama]:
   """Load a HF Llama directory into a `Llama`, sharded over `mesh` by the rules table.
 
   The model is built abstractly (no random init); tensors then stream one at a time from the
   safetensors files to their NamedShardings, so host RAM never holds two copies of the weights
-  (peak: the already-loaded device arrays plus about one tensor). `param_dtype` / `dtype`
-  override the stored dtype and the compute dtype.
+  (peak: the already-loaded device arrays plus about one tensor). `overrides` replace LlamaConfig
+  fields that are run settings, not architecture (param_dtype: the stored dtype, dtype: compute,
+  remat_policy); None values are ignored.
   """
   directory = Path(path)
   if cfg is None:
@@ -98,8 +98,7 @@ def load_hf(
     if not config_path.exists():
       raise FileNotFoundError(f"No {CONFIG_FILE} in {directory}; pass cfg= or export one with save_hf.")
     cfg = LlamaConfig.from_hf_dict(json.loads(config_path.read_text()))
-  overrides = {k: v for k, v in dict(param_dtype=param_dtype, dtype=dtype).items() if v is not None}
-  cfg = cfg.replace(**overrides)
+  cfg = cfg.replace(**{k: v for k, v in overrides.items() if v is not None})
 
   graphdef, abstract_state = nnx.split(nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0))))
   shardings = (

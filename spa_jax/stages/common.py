@@ -132,16 +132,22 @@ def load_tokenizer(cfg: ml_collections.ConfigDict, ws: Workspace) -> Tokenizer:
 
 def model_config(cfg: ml_collections.ConfigDict, tokenizer: Tokenizer) -> LlamaConfig:
   """model.hf_path's config.json, or the preset with config.model.arch overrides (a tokenizer
-  trained on first use sets vocab_size); dtypes from config.model."""
-  dtypes = dict(dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
+  trained on first use sets vocab_size); run settings from `run_settings`."""
   if cfg.model.hf_path:
     hf_config = json.loads((pathlib.Path(cfg.model.hf_path).expanduser() / "config.json").read_text())
-    return LlamaConfig.from_hf_dict(hf_config, **dtypes)
+    return LlamaConfig.from_hf_dict(hf_config, **run_settings(cfg))
   overrides = {name: value for name, value in cfg.model.arch.items() if value is not None}
   if cfg.tokenizer.kind == "sentencepiece":
     overrides["vocab_size"] = tokenizer.vocab_size
   return LlamaConfig.preset(cfg.model.preset, bos_token_id=tokenizer.bos_id, eos_token_ids=(tokenizer.eos_id,),
-                            **dtypes, **overrides)
+                            **run_settings(cfg), **overrides)
+
+
+def run_settings(cfg: ml_collections.ConfigDict, dtype: str = "") -> dict:
+  """The LlamaConfig fields that config.model sets whatever a checkpoint's config.json says:
+  parameter and compute dtypes (`dtype` overrides model.dtype) and the remat policy."""
+  return dict(dtype=dtype or cfg.model.dtype, param_dtype=cfg.model.param_dtype,
+              remat_policy=cfg.model.remat_policy)
 
 
 def make_mesh(cfg: ml_collections.ConfigDict) -> jax.sharding.Mesh:
@@ -151,7 +157,7 @@ def make_mesh(cfg: ml_collections.ConfigDict) -> jax.sharding.Mesh:
 def init_policy(cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, mesh) -> tuple[LlamaConfig, Llama]:
   """The starting model: HF weights from model.hf_path, or a random init from config.seed."""
   if cfg.model.hf_path:
-    return load_hf(cfg.model.hf_path, mesh=mesh, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
+    return load_hf(cfg.model.hf_path, mesh=mesh, **run_settings(cfg))
   model_cfg = model_config(cfg, tokenizer)
   return model_cfg, create_sharded(lambda: Llama(model_cfg, rngs=nnx.Rngs(cfg.seed)), mesh)
 
@@ -177,7 +183,7 @@ def load_policy(cfg: ml_collections.ConfigDict, ws: Workspace, name: str, tokeni
   if not (path / "config.json").exists():
     raise FileNotFoundError(f"No policy {name!r} in {path}: run the stage that trains it "
                             f"(e.g. --config.run.targets={name.split('_')[0]}).")
-  return load_hf(path, mesh=mesh, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
+  return load_hf(path, mesh=mesh, **run_settings(cfg))
 
 
 def stage_config_hash(cfg: ml_collections.ConfigDict, stage: str) -> str:

@@ -217,13 +217,13 @@ def _estimator_module(backbone: Llama, cfg: ml_collections.ConfigDict, seed: int
 
 
 def load_backbone(cfg: ml_collections.ConfigDict, path, mesh, dtype: str) -> tuple[LlamaConfig, Llama]:
-  return load_hf(path, mesh=mesh, dtype=dtype, param_dtype=cfg.model.param_dtype)
+  return load_hf(path, mesh=mesh, **common.run_settings(cfg, dtype))
 
 
 def backbone_config(cfg: ml_collections.ConfigDict, path, dtype: str) -> LlamaConfig:
   """The LlamaConfig of the HF directory `path` (no weights read)."""
   hf_config = json.loads((pathlib.Path(path) / "config.json").read_text())
-  return LlamaConfig.from_hf_dict(hf_config).replace(dtype=dtype, param_dtype=cfg.model.param_dtype)
+  return LlamaConfig.from_hf_dict(hf_config, **common.run_settings(cfg, dtype))
 
 
 def estimator_dir(ws: Workspace):

@@ -59,6 +59,7 @@ def test_unknown_preset_is_rejected():
     ("seed", -1, "config.seed=-1: must be >= 0"),
     ("model.lora.targets", "q_proj,qkv", "config.model.lora.targets='q_proj,qkv': must be comma-separated names"),
     ("model.lora.targets", "q_proj, v_proj", "config.model.lora.targets='q_proj, v_proj': must be comma-separated"),
+    ("model.remat_policy", "some", "config.model.remat_policy='some': must be one of ('none', 'full', 'dots', 'dots_no_batch')"),
     ("sft.context_loss_weight", -0.5, "config.sft.context_loss_weight=-0.5: must be >= 0.0"),
     ("sft.schedule", "cosin", "config.sft.schedule='cosin': must be one of ('cosine', 'constant')"),
     ("prm.dtype", "fp8", "config.prm.dtype='fp8': must be one of ('', 'float32', 'bfloat16', 'float16')"),
@@ -92,11 +93,13 @@ def test_offline_ppo_needs_held_out_trajectories():
 
 
 def test_choice_lists_equal_the_modules_they_copy():
+  from spa_jax.models.config import REMAT_POLICIES
   from spa_jax.models.lora import ALL_TARGETS
   from spa_jax.training.kl import KL_ESTIMATORS
   from spa_jax.training.rewards import REWARD_MODES
   assert configuration.LORA_TARGETS == ALL_TARGETS
   assert configuration.KL_ESTIMATORS == KL_ESTIMATORS
+  assert configuration.REMAT_POLICIES == REMAT_POLICIES
   assert configuration.REWARD_MODES == REWARD_MODES
 
 
