@@ -71,7 +71,9 @@ def test_prm_stage_reports_held_out_fit_and_exports_the_estimator(workspace):
   assert [row["epoch"] for row in epochs] == [1, 2]
   for row in epochs:
     assert all(np.isfinite(row[key]) for key in ("train_mse", "heldout_mse", "train_pearson", "heldout_pearson"))
-  assert epochs[-1]["train_mse"] < epochs[0]["train_mse"]  # the sums move towards the rewards
+  # The head starts at zero (every sum 0) and the rewards are 0 or 1, so the untrained estimator's
+  # MSE is the mean reward: after training, the sums must fit the rewards better than that.
+  assert all(row["train_mse"] < 0.9 * row["train_mean_reward"] for row in epochs)
   assert ws.plot_path("prm").exists() and ws.plot_path(prm.PROGRESS_PLOT).exists()
 
   # the exported estimator reproduces the reported held-out fit
