@@ -3,6 +3,7 @@
     .venv/bin/python bench/spa_bench.py                       # the default command, seeds 0, 1, 2
     .venv/bin/python bench/spa_bench.py --seeds 0 --quick     # a smaller pipeline, one seed
     .venv/bin/python bench/spa_bench.py --set ppo.iterations=6 --set explore.max_tasks=32
+    XLA_PYTHON_CLIENT_PREALLOCATE=false python3 bench/spa_bench.py --jobs 3   # GPU: seeds side by side
 
 Each seed runs `python -m spa_jax.main --config=configs/eval.py --config.seed=<k>` in
 <root>/seed<k>/ (no stage is shared between seeds: SFT, exploration, the estimator and both PPO
@@ -14,12 +15,12 @@ bench/RESULTS.md and ends with ONE JSON line on stdout.
 """
 
 import argparse
+import concurrent.futures
 import datetime
 import json
 import os
 import pathlib
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -42,17 +43,15 @@ def run_seed(root: pathlib.Path, seed: int, overrides: dict[str, str]) -> dict:
   command = [sys.executable, "-m", "spa_jax.main", "--config=configs/eval.py", f"--workdir={workdir}",
              f"--config.seed={seed}", "--config.tracking.progress=False",
              *(f"--config.{path}={value}" for path, value in overrides.items())]
-  before = resource.getrusage(resource.RUSAGE_CHILDREN)
   started = time.time()
   print(f"seed {seed}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
   with open(root / f"seed{seed}.log", "w") as log:
-    done = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-  after = resource.getrusage(resource.RUSAGE_CHILDREN)
-  if done.returncode:
-    raise RuntimeError(f"seed {seed} failed (exit {done.returncode}); see {root / f'seed{seed}.log'}")
+    child = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    _, status, usage = os.wait4(child.pid, 0)  # this child's own CPU time, also when seeds run at once
+  if exit_code := os.waitstatus_to_exitcode(status):
+    raise RuntimeError(f"seed {seed} failed (exit {exit_code}); see {root / f'seed{seed}.log'}")
   return {"seed": seed, "wall_s": round(time.time() - started, 1),
-          "cpu_s": round((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), 1),
-          **collect(workdir)}
+          "cpu_s": round(usage.ru_utime + usage.ru_stime, 1), **collect(workdir)}
 
 
 def collect(workdir: pathlib.Path) -> dict:
@@ -127,11 +126,16 @@ def main() -> None:
   parser.add_argument("--root", default=str(REPO / "runs" / "spa_bench"), help="workspaces go in <root>/seed<k>")
   parser.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="extra config override")
   parser.add_argument("--no-results", action="store_true", help="do not append to bench/RESULTS.md")
+  parser.add_argument("--jobs", type=int, default=1,
+                      help="seeds run at once (a many-core or GPU machine; on a GPU also set "
+                           "XLA_PYTHON_CLIENT_PREALLOCATE=false so the processes share its memory)")
   args = parser.parse_args()
   root = pathlib.Path(args.root).expanduser().resolve()
   root.mkdir(parents=True, exist_ok=True)
   overrides = {**(QUICK if args.quick else {}), **parse_overrides(args.set)}
-  seeds = [run_seed(root, int(seed), overrides) for seed in args.seeds.split(",") if seed.strip()]
+  seed_list = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
+  with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+    seeds = list(pool.map(lambda seed: run_seed(root, seed, overrides), seed_list))
   summary = aggregate(seeds)
   table = markdown(seeds, summary)
   report = {"seeds": seeds, "summary": summary, "overrides": overrides}

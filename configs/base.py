@@ -16,8 +16,10 @@ TINY = "tiny"
 PRESETS = (TINY, *REAL_MODEL_PRESETS)
 TPU_PRESETS = {"llama3.2-3b-tpu": "llama3.2-3b"}  # preset -> spa_jax.models.LlamaConfig preset
 # The tiny model: C's "tiny" preset cut to a size whose SFT takes minutes on 2 CPU cores.
-TINY_ARCH = dict(hidden_size=128, intermediate_size=352, num_layers=2, num_heads=2, num_kv_heads=1,
-                 head_dim=64)
+# Four 32-wide heads, each with its own keys and values, so that a 2-layer model from scratch learns
+# to copy from its context (bench/RESULTS.md "tiny SFT recipes").
+TINY_ARCH = dict(hidden_size=128, intermediate_size=352, num_layers=2, num_heads=4, num_kv_heads=4,
+                 head_dim=32)
 
 
 def check_preset(preset: str) -> str:
@@ -74,6 +76,10 @@ def get_base_config(preset: str = TINY) -> ml_collections.ConfigDict:
       kind="hf" if real else "sentencepiece",  # "hf" (from model.hf_path) | "sentencepiece"
       path=config_dict.placeholder(str),  # defaults to model.hf_path (hf) or the workspace (sp)
       vocab_size=4096,  # sentencepiece only: trained on the catalogue's texts; the model's vocab follows it
+      # sentencepiece only: every product id (ASIN) of the catalogue is one token on top of vocab_size,
+      # so clicking a listed product is a one-token copy (a small model from scratch does not learn
+      # to copy 9-token character strings in minutes; bench/RESULTS.md "tiny SFT recipes")
+      atomic_product_ids=True,
   ))
   cfg.agent = ml_collections.ConfigDict(dict(
       one_shot=real,  # include the demonstration exchange after the instruction (~1.1k tokens)

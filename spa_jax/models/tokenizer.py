@@ -200,23 +200,27 @@ class SentencePieceTokenizer(Tokenizer):
 
     @classmethod
     def train_or_load(
-        cls, texts: Iterable[str], cache_dir: str | os.PathLike, vocab_size: int = 4096
+        cls, texts: Iterable[str], cache_dir: str | os.PathLike, vocab_size: int = 4096,
+        atomic_symbols: Sequence[str] = (),
     ) -> SentencePieceTokenizer:
         """The model for this corpus and vocab size from `cache_dir`, training it (seconds) if absent.
 
-        The cache key hashes the corpus and settings. `vocab_size` is an upper bound: a small corpus
-        yields fewer pieces (`hard_vocab_limit=False`). Training is deterministic, so processes that
-        call this with the same corpus get identical models (the file is written atomically)."""
+        `atomic_symbols` (e.g. a catalogue's product ids) become one token each wherever they occur,
+        on top of the `vocab_size` BPE pieces. The cache key hashes the corpus, the symbols and the
+        settings. `vocab_size` is an upper bound: a small corpus yields fewer pieces
+        (`hard_vocab_limit=False`). Training is deterministic, so processes that call this with the
+        same corpus get identical models (the file is written atomically)."""
         chunks = _corpus_chunks(texts)
         if not chunks:
             raise ValueError("SentencePiece training corpus is empty; pass the catalogue and prompt texts")
+        symbols = sorted(set(atomic_symbols))
         key = hashlib.sha256(f"spm-bpe-v1|vocab={vocab_size}|max_chars={SPM_MAX_TRAIN_CHARS}".encode())
-        for chunk in chunks:
-            key.update(chunk.encode())
+        for text in (*chunks, *(["symbols"] + symbols if symbols else [])):
+            key.update(text.encode())
             key.update(b"\0")
         model_file = Path(cache_dir) / f"spm-{key.hexdigest()[:16]}.model"
         if not model_file.is_file():
-            _train_spm(_sample_chunks(chunks), model_file, vocab_size)
+            _train_spm(_sample_chunks(chunks), model_file, vocab_size, symbols)
         return cls(model_file)
 
     def encode(self, text: str) -> list[int]:
@@ -260,7 +264,7 @@ def _sample_chunks(chunks: list[str]) -> list[str]:
     return random.Random(0).sample(chunks, keep)
 
 
-def _train_spm(chunks: list[str], model_file: Path, vocab_size: int) -> None:
+def _train_spm(chunks: list[str], model_file: Path, vocab_size: int, symbols: Sequence[str] = ()) -> None:
     import sentencepiece as spm
 
     model_file.parent.mkdir(parents=True, exist_ok=True)
@@ -269,7 +273,7 @@ def _train_spm(chunks: list[str], model_file: Path, vocab_size: int) -> None:
             sentence_iterator=iter(chunks),
             model_writer=out,
             model_type="bpe",
-            vocab_size=vocab_size,
+            vocab_size=vocab_size + len(symbols),
             hard_vocab_limit=False,
             byte_fallback=True,
             split_digits=True,
@@ -287,7 +291,7 @@ def _train_spm(chunks: list[str], model_file: Path, vocab_size: int) -> None:
             unk_piece=SPM_CONTROL["unk"],
             bos_piece=SPM_CONTROL["bos"],
             eos_piece=SPM_CONTROL["eos"],
-            user_defined_symbols=[*SPM_ROLE_TOKENS.values(), SPM_END_OF_TURN],
+            user_defined_symbols=[*SPM_ROLE_TOKENS.values(), SPM_END_OF_TURN, *symbols],
             num_threads=SPM_TRAIN_THREADS,
             minloglevel=2,
         )

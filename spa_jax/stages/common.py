@@ -122,8 +122,12 @@ def load_tokenizer(cfg: ml_collections.ConfigDict, ws: Workspace) -> Tokenizer:
     return HFTokenizer(cfg.tokenizer.path or cfg.model.hf_path)
   if cfg.tokenizer.path:
     return SentencePieceTokenizer(cfg.tokenizer.path)
-  train = lambda: SentencePieceTokenizer.train_or_load(  # noqa: E731
-      tokenizer_corpus(load_catalogue(cfg)), ws.root / TOKENIZER_DIR, cfg.tokenizer.vocab_size)
+  def train() -> SentencePieceTokenizer:
+    catalogue = load_catalogue(cfg)
+    product_ids = [p.asin for p in catalogue.products] if cfg.tokenizer.atomic_product_ids else []
+    return SentencePieceTokenizer.train_or_load(tokenizer_corpus(catalogue), ws.root / TOKENIZER_DIR,
+                                                cfg.tokenizer.vocab_size, atomic_symbols=product_ids)
+
   if distributed.is_main_process():
     tokenizer = train()
   distributed.barrier("tokenizer")

@@ -39,7 +39,11 @@ def sentencepiece_as_hf(tokenizer: SentencePieceTokenizer):
       pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never", split=True),
       pre_tokenizers.Digits(individual_digits=True)])
   rust.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
-  rust.add_special_tokens(pieces["additional_special_tokens"])
+  # Control pieces and chat symbols are special; other user-defined symbols (product ids) are text.
+  chat_symbols = {*SPM_ROLE_TOKENS.values(), SPM_END_OF_TURN}
+  special = lambda token: token.special or token.content in chat_symbols  # noqa: E731
+  rust.add_special_tokens([token for token in pieces["additional_special_tokens"] if special(token)])
+  rust.add_tokens([token for token in pieces["additional_special_tokens"] if not special(token)])
   return PreTrainedTokenizerFast(
       tokenizer_object=rust, bos_token=SPM_CONTROL["bos"], eos_token=SPM_CONTROL["eos"],
       unk_token=SPM_CONTROL["unk"], pad_token=SPM_CONTROL["pad"],

@@ -201,6 +201,18 @@ def test_spm_splits_digits_and_falls_back_to_bytes(spm_tok):
     assert spm_tok.decode(spm_tok.encode("漢字 ✓")) == "漢字 ✓"
 
 
+def test_spm_atomic_symbols_are_one_token_each_beside_the_bpe_pieces(tmp_path, spm_tok):
+    ids = ["B0A9WDRPUP", "B07R87L8PA"]
+    tok = SentencePieceTokenizer.train_or_load(CORPUS, tmp_path, vocab_size=400, atomic_symbols=ids)
+    assert tok.path != spm_tok.path  # the symbols are part of the cache key
+    assert tok.vocab_size == spm_tok.vocab_size + len(ids)  # on top of the BPE pieces
+    text = "Next > [SEP] B0A9WDRPUP [SEP]\nAction: click[B07R87L8PA]"
+    pieces = [tok.decode([t]) for t in tok.encode(text)]
+    assert "B0A9WDRPUP" in pieces and "B07R87L8PA" in pieces
+    assert tok.decode(tok.encode(text)) == text
+    assert "B0A9WDRPUP" not in [spm_tok.decode([t]) for t in spm_tok.encode(text)]
+
+
 def test_spm_empty_corpus_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="corpus is empty"):
         SentencePieceTokenizer.train_or_load([], tmp_path)
