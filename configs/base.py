@@ -84,7 +84,8 @@ def get_base_config(preset: str = TINY) -> ml_collections.ConfigDict:
   cfg.agent = ml_collections.ConfigDict(dict(
       one_shot=real,  # include the demonstration exchange after the instruction (~1.1k tokens)
       history_window=0,  # 0 keeps every observation; K > 0 elides all but the last K
-      max_context=4096 if real else 2048,  # tokens; an episode past it ends with context_limit
+      # tokens; an episode past it ends with context_limit (tiny: expert episodes are <= ~1.6k tokens)
+      max_context=4096 if real else 1792,
   ))
   # -1: all remaining devices. TPU: FSDP over every chip of the slice.
   cfg.mesh = ml_collections.ConfigDict(

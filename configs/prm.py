@@ -16,7 +16,7 @@ def prm_section(preset: str) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       finetune="full",  # "full" | "lora" (LoRA adapters per model.lora, plus the head)
       dtype="",  # activations: "" (model.dtype) | "bfloat16" | "float32"
-      epochs=1 if real else 3,
+      epochs=1 if real else 2,
       batch_size=16 if real else 8,  # trajectories per optimizer step (global)
       micro_batch_size=2 if real else 8,
       learning_rate=3e-6 if real else 1e-3,

@@ -49,7 +49,8 @@ class MetricsWriter:
     self._jsonl.flush()
     if self._tb is not None:
       for name, value in values.items():
-        self._tb.add_scalar(name, value, int(step))
+        if math.isfinite(value):  # undefined values (a correlation of constant data) stay out of the plots
+          self._tb.add_scalar(name, value, int(step))
 
   def close(self) -> None:
     if self._jsonl is not None:

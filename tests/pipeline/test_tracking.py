@@ -28,6 +28,17 @@ def test_metrics_writer_writes_jsonl_and_tensorboard(tmp_path):
   assert tensorboard_scalars(ws.tb_dir("sft"), "loss") == pytest.approx([1.0, 0.5, 1 / 3])
 
 
+def test_undefined_values_stay_in_jsonl_but_out_of_tensorboard(tmp_path):
+  ws = Workspace(tmp_path)
+  with tracking.MetricsWriter(ws, "prm") as writer:
+    writer.write(0, {"pearson": float("nan"), "mse": 0.5})
+    writer.write(1, {"pearson": 0.25, "mse": 0.4})
+  rows = [json.loads(line) for line in ws.metrics_path("prm").read_text().splitlines()]
+  assert np.isnan(rows[0]["pearson"]) and rows[1]["pearson"] == 0.25
+  assert tensorboard_scalars(ws.tb_dir("prm"), "pearson") == [0.25]
+  assert tensorboard_scalars(ws.tb_dir("prm"), "mse") == pytest.approx([0.5, 0.4])
+
+
 def tensorboard_scalars(tb_dir, tag):
   """Scalar values of `tag` from TFRecord-framed event files (u64 length, u32 crc, data, u32 crc)."""
   import struct
