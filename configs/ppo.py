@@ -33,9 +33,9 @@ def ppo_section(preset: str) -> ml_collections.ConfigDict:
       reward_modes="sparse,spa",
       critic_init="sft",  # critic backbone: "sft" (policy) | "prm" (the estimator's); the head starts at 0
       iterations=50 if real else 2,  # rollout + update rounds
-      rollouts_per_iteration=32 if real else 16,  # trajectories per PPO step (global)
+      rollouts_per_iteration=32 if real else 12,  # trajectories per PPO step (global)
       samples_per_task=1,  # episodes per train task in one iteration (online)
-      mini_batch_size=2 if real else 8,  # trajectories per micro-batch
+      mini_batch_size=2 if real else 6,  # trajectories per micro-batch
       grad_accum=4 if real else 1,  # micro-batches per optimizer update
       ppo_epochs=4 if real else 1,  # tiny: 1 keeps the default command inside 20 minutes on 2 cores
       learning_rate=1e-5 if real else 1e-3,
