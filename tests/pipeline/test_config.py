@@ -68,9 +68,9 @@ def test_unknown_preset_is_rejected():
     ("ppo.mode", "replay", "config.ppo.mode='replay': must be one of ('online', 'offline')"),
     ("ppo.critic_init", "value", "config.ppo.critic_init='value': must be one of ('sft', 'prm')"),
     ("ppo.samples_per_task", 0, "config.ppo.samples_per_task=0: must be >= 1"),
-    ("ppo.samples_per_task", 3, "config.ppo.rollouts_per_iteration=16: must be a multiple of ppo.samples_per_task=3"),
-    ("ppo.rollouts_per_iteration", 12, "config.ppo.rollouts_per_iteration=12: must be a multiple of "
-                                       "ppo.mini_batch_size * ppo.grad_accum = 8"),
+    ("ppo.samples_per_task", 5, "config.ppo.rollouts_per_iteration=12: must be a multiple of ppo.samples_per_task=5"),
+    ("ppo.rollouts_per_iteration", 16, "config.ppo.rollouts_per_iteration=16: must be a multiple of "
+                                       "ppo.mini_batch_size * ppo.grad_accum = 6"),
     ("ppo.length_bucket", 0, "config.ppo.length_bucket=0: must be >= 1"),
     ("ppo.checkpoint_every", 0, "config.ppo.checkpoint_every=0: must be >= 1"),
     ("ppo.kl.estimator", "k2", "config.ppo.kl.estimator='k2': must be one of ('kl', 'k3')"),
