@@ -171,6 +171,7 @@ class HFTokenizer(Tokenizer):
 SPM_CONTROL = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}
 SPM_ROLE_TOKENS = {role: f"<|{role}|>" for role in ROLES}
 SPM_END_OF_TURN = "<|end|>"
+SPM_CHAT_SYMBOLS = (*SPM_ROLE_TOKENS.values(), SPM_END_OF_TURN)  # user-defined pieces of the chat format
 SPM_MAX_TRAIN_CHARS = 3_000_000  # corpus sample size that keeps training to a few seconds on 2 cores
 SPM_CHUNK_CHARS = 2_000  # training "sentences" are line groups below SentencePiece's 4192-byte limit
 SPM_TRAIN_THREADS = 2  # fixed, so every machine trains the same model from the same corpus
@@ -215,9 +216,11 @@ class SentencePieceTokenizer(Tokenizer):
             raise ValueError("SentencePiece training corpus is empty; pass the catalogue and prompt texts")
         symbols = sorted(set(atomic_symbols))
         key = hashlib.sha256(f"spm-bpe-v1|vocab={vocab_size}|max_chars={SPM_MAX_TRAIN_CHARS}".encode())
-        for text in (*chunks, *(["symbols"] + symbols if symbols else [])):
-            key.update(text.encode())
+        for chunk in chunks:
+            key.update(chunk.encode())
             key.update(b"\0")
+        for symbol in symbols:
+            key.update(b"symbol:" + symbol.encode() + b"\0")
         model_file = Path(cache_dir) / f"spm-{key.hexdigest()[:16]}.model"
         if not model_file.is_file():
             _train_spm(_sample_chunks(chunks), model_file, vocab_size, symbols)
@@ -291,7 +294,7 @@ def _train_spm(chunks: list[str], model_file: Path, vocab_size: int, symbols: Se
             unk_piece=SPM_CONTROL["unk"],
             bos_piece=SPM_CONTROL["bos"],
             eos_piece=SPM_CONTROL["eos"],
-            user_defined_symbols=[*SPM_ROLE_TOKENS.values(), SPM_END_OF_TURN, *symbols],
+            user_defined_symbols=[*SPM_CHAT_SYMBOLS, *symbols],
             num_threads=SPM_TRAIN_THREADS,
             minloglevel=2,
         )

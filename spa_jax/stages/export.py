@@ -13,7 +13,7 @@ import ml_collections
 
 from spa_jax import distributed
 from spa_jax.models import save_hf
-from spa_jax.models.tokenizer import (SPM_CONTROL, SPM_END_OF_TURN, SPM_ROLE_TOKENS, HFTokenizer,
+from spa_jax.models.tokenizer import (SPM_CHAT_SYMBOLS, SPM_CONTROL, SPM_END_OF_TURN, HFTokenizer,
                                       SentencePieceTokenizer, Tokenizer)
 from spa_jax.stages import common
 from spa_jax.workspace import Workspace
@@ -40,14 +40,13 @@ def sentencepiece_as_hf(tokenizer: SentencePieceTokenizer):
       pre_tokenizers.Digits(individual_digits=True)])
   rust.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
   # Control pieces and chat symbols are special; other user-defined symbols (product ids) are text.
-  chat_symbols = {*SPM_ROLE_TOKENS.values(), SPM_END_OF_TURN}
-  special = lambda token: token.special or token.content in chat_symbols  # noqa: E731
+  special = lambda token: token.special or token.content in SPM_CHAT_SYMBOLS  # noqa: E731
   rust.add_special_tokens([token for token in pieces["additional_special_tokens"] if special(token)])
   rust.add_tokens([token for token in pieces["additional_special_tokens"] if not special(token)])
   return PreTrainedTokenizerFast(
       tokenizer_object=rust, bos_token=SPM_CONTROL["bos"], eos_token=SPM_CONTROL["eos"],
       unk_token=SPM_CONTROL["unk"], pad_token=SPM_CONTROL["pad"],
-      additional_special_tokens=[*SPM_ROLE_TOKENS.values(), SPM_END_OF_TURN], chat_template=SPM_CHAT_TEMPLATE)
+      additional_special_tokens=list(SPM_CHAT_SYMBOLS), chat_template=SPM_CHAT_TEMPLATE)
 
 
 def save_tokenizer(tokenizer: Tokenizer, out_dir: pathlib.Path) -> None:
