@@ -3,6 +3,7 @@
     .venv/bin/python bench/spa_bench.py                       # the default command, seeds 0, 1, 2
     .venv/bin/python bench/spa_bench.py --seeds 0 --quick     # a smaller pipeline, one seed
     .venv/bin/python bench/spa_bench.py --set ppo.iterations=6 --set explore.max_tasks=32
+    .venv/bin/python bench/spa_bench.py --set eval.policies=untrained,sft --set sft.batch_size=2  # SFT recipe
     XLA_PYTHON_CLIENT_PREALLOCATE=false python3 bench/spa_bench.py --jobs 3   # GPU: seeds side by side
 
 Each seed runs `python -m spa_jax.main --config=configs/eval.py --config.seed=<k>` in
@@ -57,11 +58,17 @@ def run_seed(root: pathlib.Path, seed: int, overrides: dict[str, str]) -> dict:
 def collect(workdir: pathlib.Path) -> dict:
   """A finished workspace's eval scores per policy and the estimator's fit."""
   report = json.loads((workdir / "reports" / "eval.json").read_text())
-  estimator = json.loads((workdir / "prm" / "DONE.json").read_text())["summary"]
-  return {"workspace": str(workdir), "eval_tasks": report["tasks"],
-          "policies": {p: {m: report["policies"][p][m] for m in METRICS} for p in report.get("order", report["policies"])},
-          "estimator": {key: estimator.get(key) for key in ESTIMATOR},
-          "progress_plot": str(workdir / "plots" / "prm_progress.png")}
+  result = {"workspace": str(workdir), "eval_tasks": report["tasks"],
+            "policies": {p: {m: report["policies"][p][m] for m in METRICS}
+                         for p in report.get("order", report["policies"])}}
+  sft = json.loads((workdir / "sft" / "DONE.json").read_text())["summary"]
+  result["sft"] = {"steps": sft["steps"], "final_loss": sft["final_loss"], "seconds": sft["seconds"]}
+  estimator_done = workdir / "prm" / "DONE.json"
+  if estimator_done.exists():  # absent when eval.policies needs no PPO (e.g. an SFT recipe sweep)
+    estimator = json.loads(estimator_done.read_text())["summary"]
+    result["estimator"] = {key: estimator.get(key) for key in ESTIMATOR}
+    result["progress_plot"] = str(workdir / "plots" / "prm_progress.png")
+  return result
 
 
 def mean_std(values: list) -> tuple[float, float]:
@@ -74,8 +81,10 @@ def mean_std(values: list) -> tuple[float, float]:
 
 def aggregate(seeds: list[dict]) -> dict:
   policies = [p for p in seeds[0]["policies"] if all(p in s["policies"] for s in seeds)]
-  return {"policies": {p: {m: mean_std([s["policies"][p][m] for s in seeds]) for m in METRICS} for p in policies},
-          "estimator": {k: mean_std([s["estimator"][k] for s in seeds]) for k in ESTIMATOR}}
+  summary = {"policies": {p: {m: mean_std([s["policies"][p][m] for s in seeds]) for m in METRICS} for p in policies}}
+  if all("estimator" in s for s in seeds):
+    summary["estimator"] = {k: mean_std([s["estimator"][k] for s in seeds]) for k in ESTIMATOR}
+  return summary
 
 
 def markdown(seeds: list[dict], summary: dict) -> str:
@@ -88,13 +97,16 @@ def markdown(seeds: list[dict], summary: dict) -> str:
     lines.append(f"| {policy} | " + " | ".join(cells) + " |")
   lines += ["", "Per seed (score): " + "; ".join(
       f"seed {s['seed']}: " + ", ".join(f"{p} {v['score']:.1f}" for p, v in s["policies"].items()) for s in seeds)]
-  est = summary["estimator"]
-  lines += ["", "Progress estimator (predicted sum of c_t vs final reward): "
-            f"held-out MSE {est['heldout_mse'][0]:.4f} ± {est['heldout_mse'][1]:.4f}, "
-            f"Pearson {est['heldout_pearson'][0]:.3f} ± {est['heldout_pearson'][1]:.3f}; "
-            f"train MSE {est['train_mse'][0]:.4f}, Pearson {est['train_pearson'][0]:.3f}",
-            "", "Per-step progress plots: " + ", ".join(s["progress_plot"] for s in seeds),
-            "", "Time per seed: " + "; ".join(f"seed {s['seed']}: {s['wall_s']:.0f} s wall, {s['cpu_s']:.0f} s CPU"
+  if est := summary.get("estimator"):
+    lines += ["", "Progress estimator (predicted sum of c_t vs final reward): "
+              f"held-out MSE {est['heldout_mse'][0]:.4f} ± {est['heldout_mse'][1]:.4f}, "
+              f"Pearson {est['heldout_pearson'][0]:.3f} ± {est['heldout_pearson'][1]:.3f}; "
+              f"train MSE {est['train_mse'][0]:.4f}, Pearson {est['train_pearson'][0]:.3f}",
+              "", "Per-step progress plots: " + ", ".join(s["progress_plot"] for s in seeds)]
+  lines += ["", "SFT per seed: " + "; ".join(
+      f"seed {s['seed']}: {s['sft']['steps']} steps in {s['sft']['seconds']:.0f} s, last loss {s['sft']['final_loss']:.3f}"
+      for s in seeds)]
+  lines += ["", "Time per seed: " + "; ".join(f"seed {s['seed']}: {s['wall_s']:.0f} s wall, {s['cpu_s']:.0f} s CPU"
                                              for s in seeds)]
   return "\n".join(lines)
 

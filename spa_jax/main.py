@@ -13,7 +13,7 @@ from absl import app, flags
 import ml_collections
 from ml_collections import config_flags
 
-from spa_jax import configuration, distributed, pipeline
+from spa_jax import configuration, distributed, host_memory, pipeline
 from spa_jax.workspace import Workspace
 
 QUIET_LIBRARIES = ("orbax",)  # their INFO lines drown the run's own; warnings still show
@@ -71,5 +71,6 @@ def print_eval_table(ws: Workspace) -> None:
 
 
 if __name__ == "__main__":
+  host_memory.reexec_with_huge_pages()
   define_flags()
   app.run(main)
