@@ -116,7 +116,7 @@ def append_results(table: str, command: str) -> None:
   header = [f"\n## spa_bench ({datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')})", "",
             f"- machine: {platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}, "
             f"load average {os.getloadavg()[0]:.1f} at the end",
-            f"- command: `{command}`", f"- commit: {commit}", ""]
+            f"- command: `{command}`", f"- commit: {commit}", "", ""]
   with RESULTS.open("a") as f:
     f.write("\n".join(header) + table + "\n")
 

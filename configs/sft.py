@@ -12,11 +12,11 @@ def sft_section(preset: str) -> ml_collections.ConfigDict:
       finetune="full",  # "full" | "lora"
       # "expert": ScriptedExpert episodes on env.train_split; or a path to an ETO webshop_sft.json
       data="expert",
-      expert_episodes=config_dict.placeholder(int) if real else 1440,  # None: one per train task
+      expert_episodes=config_dict.placeholder(int),  # None: one per train task (tiny: 2,137 goals)
       epochs=3 if real else 1,
       batch_size=16 if real else 4,  # sequences per optimizer step (global)
       micro_batch_size=2 if real else 4,
-      learning_rate=2e-5 if real else 5e-3,  # tiny: from random weights, 360 steps
+      learning_rate=2e-5 if real else 5e-3,  # tiny: from random weights, 535 steps
       schedule="cosine",
       warmup_ratio=0.03,
       weight_decay=0.0,

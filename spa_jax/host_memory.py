@@ -3,7 +3,7 @@
 XLA:CPU takes each execution's temporaries (1.4 GiB for a tiny-model SFT step) from malloc, which
 serves blocks that large with a fresh mmap and returns them at the end: every step faults its
 temporaries in again, 4 KiB at a time, and on 2 cores a third of the SFT time went to the kernel
-(bench/RESULTS.md "host memory"). glibc >= 2.35 backs its mmap'd blocks with transparent huge
+(bench/sft_step_bench.py). glibc >= 2.35 backs its mmap'd blocks with transparent huge
 pages (2 MiB per fault) when GLIBC_TUNABLES holds `glibc.malloc.hugetlb=1`. glibc reads the tunable
 once, at process start, so the entry point re-executes itself with it set.
 

@@ -109,18 +109,31 @@ def _attention_impl(cfg: LlamaConfig, has_mask: bool) -> str:
   return "cudnn" if jax.default_backend() == "gpu" and fast_dtype and not has_mask else "xla"
 
 
+# XLA attention materialises [t, s] scores: queries go in blocks of this many, each against the keys
+# up to its own end only, which skips most of the masked upper triangle (same result, less work:
+# bench/sft_step_bench.py).
+XLA_QUERY_BLOCK = 512
+
+
 def causal_attention(q_btnh, k_btkh, v_btkh, attn_mask_bt, cfg: LlamaConfig) -> jax.Array:
   """Causal GQA over one sequence chunk; `attn_mask_bt` (1 = real token) hides padding keys."""
   impl = _attention_impl(cfg, attn_mask_bt is not None)
-  mask = None
-  if attn_mask_bt is not None:
-    b, t = attn_mask_bt.shape
-    mask = attn_mask_bt.astype(bool)[:, None, None, :]
-    if impl == "cudnn":  # cuDNN wants the bias/mask sequence dims in full
-      mask = jnp.broadcast_to(mask, (b, 1, t, t))
-  return jax.nn.dot_product_attention(
-      q_btnh, k_btkh, v_btkh, mask=mask, is_causal=True, implementation=impl
-  )
+  keys_b11s = None if attn_mask_bt is None else attn_mask_bt.astype(bool)[:, None, None, :]
+  if impl == "cudnn":
+    mask = None
+    if keys_b11s is not None:  # cuDNN wants the mask's sequence dims in full
+      b, t = attn_mask_bt.shape
+      mask = jnp.broadcast_to(keys_b11s, (b, 1, t, t))
+    return jax.nn.dot_product_attention(q_btnh, k_btkh, v_btkh, mask=mask, is_causal=True, implementation=impl)
+  t = q_btnh.shape[1]
+  out_blocks = []
+  for start in range(0, t, XLA_QUERY_BLOCK):
+    stop = min(t, start + XLA_QUERY_BLOCK)
+    mask_11qs = (jnp.arange(stop)[None, :] <= jnp.arange(start, stop)[:, None])[None, None]
+    mask = mask_11qs if keys_b11s is None else mask_11qs & keys_b11s[..., :stop]
+    out_blocks.append(jax.nn.dot_product_attention(
+        q_btnh[:, start:stop], k_btkh[:, :stop], v_btkh[:, :stop], mask=mask, implementation=impl))
+  return jnp.concatenate(out_blocks, axis=1) if len(out_blocks) > 1 else out_blocks[0]
 
 
 def cached_attention(q_btnh, keys_bksh, values_bksh, positions_bt) -> jax.Array:

@@ -164,3 +164,24 @@ def test_presets_have_published_parameter_counts(name, params_b):
 def test_hf_dict_round_trip():
   cfg = LlamaConfig.preset("llama3.2-3b")
   assert LlamaConfig.from_hf_dict(cfg.to_hf_dict()) == cfg
+
+
+@pytest.mark.parametrize("with_padding", [False, True])
+def test_query_blocked_xla_attention_equals_plain_softmax_attention(micro_cfg, with_padding):
+  """Sequences longer than XLA_QUERY_BLOCK (here 2.3 blocks) against einsum + softmax over
+  every key at or before the query (and not padding)."""
+  from spa_jax.models.llama import XLA_QUERY_BLOCK, causal_attention
+  b, t, n, h = 2, int(2.3 * XLA_QUERY_BLOCK), 2, 8
+  q, k, v = (jax.random.normal(jax.random.key(i), (b, t, n, h)) for i in range(3))
+  keys_bt = jnp.arange(t)[None] >= jnp.array([[0], [37]]) if with_padding else None  # row 1: 37 left pads
+  allowed_bts = jnp.tril(jnp.ones((t, t), bool))[None]
+  if with_padding:
+    allowed_bts = allowed_bts & keys_bt[:, None, :]
+  scores_bnts = jnp.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(h)
+  scores_bnts = jnp.where(allowed_bts[:, None], scores_bnts, -jnp.inf)
+  expected = jnp.einsum("bnts,bsnh->btnh", jax.nn.softmax(scores_bnts, axis=-1), v)
+  got = causal_attention(q, k, v, keys_bt, micro_cfg.replace(attention_impl="xla"))
+  rows = slice(None) if not with_padding else (1, slice(37, None))  # fully masked pad queries: any value
+  np.testing.assert_allclose(got[rows], expected[rows], atol=2e-5)
+  if with_padding:
+    np.testing.assert_allclose(got[0], expected[0], atol=2e-5)
