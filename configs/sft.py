@@ -26,11 +26,6 @@ def sft_section(preset: str) -> ml_collections.ConfigDict:
       # model it stands in for pretraining: observations repeat the instruction and product text
       # verbatim, which teaches the model to copy from its context (bench/RESULTS.md).
       context_loss_weight=0.0 if real else 0.5,
-      # Replace the product ids (ASINs) of each demonstration by random catalogue ids (consistently
-      # within it): the test products never occur in training, so opening a listed product means
-      # copying its id from the page, which random ids teach and real ids do not (the tiny model
-      # from scratch memorises training ids instead; bench/RESULTS.md).
-      relabel_product_ids=not real,
       checkpoint_every=200 if real else 10,  # optimizer steps between Orbax checkpoints (resume points)
       keep_checkpoints=2,
   ))

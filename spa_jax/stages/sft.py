@@ -10,7 +10,6 @@ Writes: policies/sft/ (HF directory), checkpoints/sft/<config hash>/, metrics/sf
 """
 
 import logging
-import re
 import shutil
 
 import jax
@@ -54,39 +53,12 @@ def expert_conversations(cfg: ml_collections.ConfigDict) -> list[af.Conversation
   return conversations
 
 
-PRODUCT_ID = re.compile(r"\b[A-Z0-9]{10}\b")  # how product ids (ASINs) appear in pages and clicks
-
-
-def relabel_product_ids(conversations: list[af.Conversation], product_ids: list[str],
-                        seed: int) -> list[af.Conversation]:
-  """Each conversation with every catalogue product id in it replaced, consistently within the
-  conversation, by a distinct id drawn at random from `product_ids`.
-
-  The test split's products never occur in training, so a model that has to open a listed product
-  must copy its id from the page; demonstrations whose ids are random teach exactly that, where
-  the real ids let a small model memorise training ids instead (bench/RESULTS.md).
-  """
-  known, choices = set(product_ids), np.asarray(product_ids)
-  rng = np.random.default_rng(seed)
-  relabelled = []
-  for conversation in conversations:
-    found = sorted({m for message in conversation.messages for m in PRODUCT_ID.findall(message["content"])} & known)
-    mapping = dict(zip(found, rng.choice(choices, size=len(found), replace=False).tolist()))
-    messages = tuple({**m, "content": PRODUCT_ID.sub(lambda match: mapping.get(match[0], match[0]), m["content"])}
-                     for m in conversation.messages)
-    relabelled.append(af.Conversation(messages, conversation.num_prompt_messages))
-  return relabelled
-
-
 def load_examples(cfg: ml_collections.ConfigDict, tokenizer) -> tuple[list[af.SftExample], int]:
   """(tokenised examples that fit sft.max_len, number dropped as too long); fails on no agent tokens."""
   conversations = (expert_conversations(cfg) if cfg.sft.data == "expert"
                    else af.read_fastchat_sft(cfg.sft.data))
   if not conversations:
     raise ValueError(f"SFT data {cfg.sft.data!r} gave no conversations; check sft.data / sft.expert_episodes")
-  if cfg.sft.relabel_product_ids:
-    product_ids = [product.asin for product in common.load_catalogue(cfg).products]
-    conversations = relabel_product_ids(conversations, product_ids, cfg.seed)
   examples = [af.build_sft_example(c, tokenizer) for c in conversations]
   kept = [e for e in examples if len(e.ids) <= cfg.sft.max_len]
   if not kept:

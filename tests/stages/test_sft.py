@@ -33,26 +33,6 @@ def test_expert_examples_train_on_the_agent_steps_only(micro_config):
     assert len(example.step_ends) >= 3  # search, click product, ..., buy
 
 
-def test_product_ids_are_relabelled_consistently_within_each_demonstration(micro_config):
-  cfg = micro_config("sft")
-  conversations = sft.expert_conversations(cfg)
-  catalogue_ids = [product.asin for product in common.load_catalogue(cfg).products]
-  relabelled = sft.relabel_product_ids(conversations, catalogue_ids, seed=0)
-  assert sft.relabel_product_ids(conversations, catalogue_ids, seed=0) == relabelled  # a function of the seed
-  for before, after in zip(conversations, relabelled, strict=True):
-    mapping = {}
-    for old, new in zip(before.messages, after.messages, strict=True):
-      old_ids, new_ids = sft.PRODUCT_ID.findall(old["content"]), sft.PRODUCT_ID.findall(new["content"])
-      assert len(old_ids) == len(new_ids)
-      for a, b in zip(old_ids, new_ids):
-        assert mapping.setdefault(a, b) == b  # the same product keeps one new id in the whole episode
-      assert sft.PRODUCT_ID.sub("<id>", old["content"]) == sft.PRODUCT_ID.sub("<id>", new["content"])
-    assert mapping and len(set(mapping.values())) == len(mapping) and set(mapping.values()) <= set(catalogue_ids)
-    assert any(a != b for a, b in mapping.items())
-  clicks = {m["content"].rsplit("click[", 1)[-1] for c in relabelled for m in c.messages if "click[B" in m["content"]}
-  assert len(clicks) > 1
-
-
 def test_dataset_without_agent_steps_is_an_error(micro_config, tmp_path):
   path = tmp_path / "webshop_sft.json"
   path.write_text(json.dumps([{"id": "0", "conversations": [
