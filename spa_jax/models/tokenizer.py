@@ -179,12 +179,7 @@ SPM_TRAIN_THREADS = 2  # fixed, so every machine trains the same model from the 
 
 class SentencePieceTokenizer(Tokenizer):
     """SentencePiece BPE with byte fallback and split digits. Chat format: `<s>` once, then
-    `<|role|>content<|end|>` per turn; `<|end|>` is the end-of-turn token, `</s>` the EOS.
-
-    The role token is directly followed by the content, so the role token itself predicts the
-    turn's first token (`Thought` after `<|assistant|>`, `Observation` after `<|user|>`): with a
-    newline in between, a small model from scratch has to attend back to tell the roles apart,
-    and the tiny one wrote page text into its own turns (bench/RESULTS.md)."""
+    `<|role|>\\ncontent<|end|>` per turn; `<|end|>` is the end-of-turn token, `</s>` the EOS."""
 
     def __init__(self, model_file: str | os.PathLike):
         import sentencepiece as spm
@@ -238,7 +233,7 @@ class SentencePieceTokenizer(Tokenizer):
         return self._sp.decode(list(ids))
 
     def role_header(self, role: str) -> list[int]:
-        return [self._role_ids[role]]
+        return [self._role_ids[role]] + self.encode("\n")
 
     @functools.cached_property
     def _token_texts(self) -> tuple[str, ...]:

@@ -18,10 +18,10 @@ from spa_jax.models.tokenizer import (SPM_CHAT_SYMBOLS, SPM_CONTROL, SPM_END_OF_
 from spa_jax.stages import common
 from spa_jax.workspace import Workspace
 
-# Our SentencePiece chat format: <s> once, then <|role|>content<|end|> per turn (content trimmed).
+# Our SentencePiece chat format: <s> once, then <|role|>\ncontent<|end|> per turn (content trimmed).
 SPM_CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}{{ '<|' + message['role'] + '|>' + message['content'] | trim"
-    " + '" + SPM_END_OF_TURN + "' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
+    "{{ bos_token }}{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + message['content'] | trim"
+    " + '" + SPM_END_OF_TURN + "' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}")
 
 
 def sentencepiece_as_hf(tokenizer: SentencePieceTokenizer):
