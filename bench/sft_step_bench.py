@@ -28,6 +28,8 @@ import subprocess
 import sys
 import time
 
+from spa_jax import host_memory
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "RESULTS.md"
 VOCAB, BATCH, SEQ = 5296, 4, 1536
@@ -73,7 +75,7 @@ def child(steps: int, query_blocks: bool) -> None:
 def measure(name: str, steps: int) -> dict:
   variant = VARIANTS[name]
   environ = {**os.environ, "GLIBC_TUNABLES": f"glibc.malloc.hugetlb={variant['hugetlb']}",
-             "PYTHONPATH": str(REPO)}
+             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
   command = [sys.executable, __file__, "--child", "--steps", str(steps)]
   if variant["query_blocks"]:
     command.append("--query-blocks")
@@ -99,7 +101,7 @@ def markdown(summary: dict, args) -> str:
   now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
   lines = [f"\n## sft_step_bench: host memory and attention blocks ({now})", "",
            f"- machine: {platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}, "
-           f"glibc {platform.libc_ver()[1]}, load average {os.getloadavg()[0]:.1f} at the end",
+           f"glibc {'.'.join(map(str, host_memory.glibc_version() or ('?',)))}, load average {os.getloadavg()[0]:.1f} at the end",
            f"- command: `python bench/sft_step_bench.py{''.join(f' {a}' for a in sys.argv[1:])}`",
            f"- shape: tiny default arch, vocab {VOCAB}, {BATCH} x {SEQ} tokens; {args.rounds} round(s) of "
            f"every variant, {args.steps} timed steps per process", "",

@@ -12,17 +12,26 @@ A GLIBC_TUNABLES that already names `glibc.malloc.hugetlb` is the user's choice 
 """
 
 import os
-import platform
 import sys
 
 TUNABLE = "glibc.malloc.hugetlb"
 THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
+def glibc_version() -> tuple[int, int] | None:
+  """The running glibc's (major, minor), or None on another C library (asked of the C library
+  itself: no scan of the Python binary, as platform.libc_ver does)."""
+  try:
+    name, version = os.confstr("CS_GNU_LIBC_VERSION").split()
+  except (AttributeError, ValueError, OSError):
+    return None
+  major, minor = version.split(".")[:2]
+  return (int(major), int(minor)) if name == "glibc" else None
+
+
 def huge_pages_supported() -> bool:
   """glibc >= 2.35 on a kernel whose transparent huge pages are not disabled."""
-  libc, version = platform.libc_ver()
-  if libc != "glibc" or tuple(int(part) for part in version.split(".")[:2]) < (2, 35):
+  if (glibc_version() or (0, 0)) < (2, 35):
     return False
   try:
     with open(THP_SETTING) as f:

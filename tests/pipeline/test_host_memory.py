@@ -37,3 +37,9 @@ def test_process_reexecutes_itself_once_with_the_tunable():
   assert _tunables_seen_by_the_command(environ) == "glibc.malloc.hugetlb=1"
   opted_out = {**environ, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}
   assert _tunables_seen_by_the_command(opted_out) == "glibc.malloc.hugetlb=0"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc systems only")
+def test_glibc_version_is_the_running_c_library():
+  name, version = os.confstr("CS_GNU_LIBC_VERSION").split()
+  assert name == "glibc" and host_memory.glibc_version() == tuple(int(x) for x in version.split(".")[:2])
