@@ -1,13 +1,16 @@
 """`ScriptedExpert`: a goal-aware WebShop policy that writes ReAct turns, for SFT demonstrations.
 
 The expert knows the goal (privileged) but acts, where it can, in ways a model could learn from the
-visible text: it searches with words from the instruction, clicks the listed product whose title the
-instruction describes, selects the option values the instruction names, and buys. Its thoughts are
-short, and it writes every clickable exactly as the page shows it (`click[B0N34TJUTR]`,
+visible text: it searches with words from the instruction, opens the first listed product that would
+earn as much as the target, selects the option values the instruction names, and buys. Its thoughts
+are short, and it writes every clickable exactly as the page shows it (`click[B0N34TJUTR]`,
 `click[Buy Now]`; the env lowercases arguments), so that a small model learns to copy from the page
-rather than to re-case what it reads. Privilege is used to
-pick WHICH instruction-derived query puts the target on the first results page (falling back to the
-target's title when none does) and to tell apart near misses whose titles look alike.
+rather than to re-case what it reads. Privilege is used to score the listed products (the env's
+purchase reward with the goal's options), to pick WHICH instruction-derived query lists a product
+as good as the target first (falling back to the target's title when none lists one on the first
+page), and to tell apart near misses whose titles look alike. Near-duplicate listings are common, so
+"open the first good result" (88% of the train demonstrations open the top result) is a rule a small
+model can learn where "open the one hidden target" (54%) is not.
 
 Each turn is two lines, `Thought: ...` and `Action: ...`. `run_expert_episode` plays one goal and
 returns its steps.
@@ -17,6 +20,7 @@ import re
 from typing import NamedTuple
 
 from webshop.pages import PRODUCT_WINDOW
+from webshop.reward import purchase_reward
 
 _OPENERS = re.compile(r"^(i am looking for|i'm looking for|im looking for|i am searching for|i would like|i need|"
                       r"i want|find me|get me|can you find me|show me|looking for)\s+(an?\s+|some\s+)?")
@@ -74,8 +78,9 @@ class ScriptedExpert:
 
     def _ranked_queries(self, goal: dict) -> list[tuple[str, str]]:
         """Instruction-derived queries, then the target's title. In front: the first
-        instruction-derived query that ranks the target first (a demonstration that clicks the top
-        result is the easiest to learn), else the first query that shows it on the first page."""
+        instruction-derived query whose top result is as good as the target (a demonstration that
+        clicks the top result is the easiest to learn), else the first query that lists one on the
+        first page."""
         request = instruction_request(goal["instruction_text"])
         option_words = " ".join(_option_values(goal))
         title = self.catalogue.by_asin[goal["asin"]].title
@@ -89,7 +94,7 @@ class ScriptedExpert:
 
         def rank(query: tuple[str, str]) -> int:
             page = search(query[0])[:PRODUCT_WINDOW]
-            return page.index(goal["asin"]) if goal["asin"] in page else PRODUCT_WINDOW
+            return next((i for i, asin in enumerate(page) if self._as_good_as_target(goal, asin)), PRODUCT_WINDOW)
 
         ranks = [rank(q) for q in queries]
         top = next((i for i in range(len(queries) - 1) if ranks[i] == 0), None)
@@ -100,15 +105,29 @@ class ScriptedExpert:
 
     def _on_results(self, goal: dict, obs: str, clickables: list[str]) -> str:
         listed = [self._asin_by_lower[c] for c in clickables if c not in _NAVIGATION and c in self._asin_by_lower]
-        target = goal["asin"]
-        if target in listed:
-            return self._click_product(goal, target, "matches")
+        good = next((asin for asin in listed if self._as_good_as_target(goal, asin)), None)
+        if good is not None:
+            return self._click_product(goal, good, "matches")
         if self._searches < 2:
             return _turn("None of these results fits; I'll search with other words.", _click(obs, "back to search"))
         if not listed:
             return _turn("There are no results here; I'll search again.", _click(obs, "back to search"))
         best = max(listed, key=lambda asin: _overlap(goal["instruction_text"], self.catalogue.by_asin[asin].title))
         return self._click_product(goal, best, "is the closest match to")
+
+    def _as_good_as_target(self, goal: dict, asin: str) -> bool:
+        """Whether buying `asin` earns at least the target's reward."""
+        return asin == goal["asin"] or self._purchase_value(goal, asin) >= self._purchase_value(goal, goal["asin"])
+
+    def _purchase_value(self, goal: dict, asin: str) -> float:
+        """The reward of buying `asin` with the goal's option values it offers (as `_on_item` selects them)."""
+        product, target = self.catalogue.by_asin[asin], self.catalogue.by_asin[goal["asin"]]
+        wanted = set(_option_values(goal))
+        selected = {name: value for name, values in product.options.items()
+                    for value in values if value.lower() in wanted}
+        reward, _ = purchase_reward(product, goal, target.title_nouns, target.title_noun_count,
+                                    product.hidden_price, selected)
+        return reward
 
     def _click_product(self, goal: dict, asin: str, relation: str) -> str:
         return _turn(f"{asin} {relation} the {goal['query']} I need; I'll open it.", f"click[{asin}]")
