@@ -24,8 +24,8 @@ def sft_section(preset: str) -> ml_collections.ConfigDict:
       # Weight of a language-model loss on the other tokens (prompt, observations) beside the
       # agent's; 0 is the paper's agent-only SFT (real presets). For the randomly initialised tiny
       # model it stands in for pretraining: observations repeat the instruction and product text
-      # verbatim, which teaches the model to copy from its context. There are ~10 such tokens per
-      # agent token, so 0.15 gives the agent's own tokens about 40% of the loss (0 and 0.05 score
+      # verbatim, which teaches the model to copy from its context. There are ~8 such tokens per
+      # agent token, so 0.15 gives the agent's own tokens about 45% of the loss (0 and 0.05 score
       # lower, 0.5 lower too: bench/RESULTS.md "tiny SFT recipes", parts 3 and 6).
       context_loss_weight=0.0 if real else 0.15,
       checkpoint_every=200 if real else 10,  # optimizer steps between Orbax checkpoints (resume points)
