@@ -18,7 +18,7 @@ def eval_section(preset: str) -> ml_collections.ConfigDict:
       temperature=0.0,
       top_p=1.0,
       max_new_tokens=512 if real else 96,
-      # None: the whole eval split. tiny: 64 of the 200 test goals (~1.5 min on 2 cores for the four
+      # None: the whole eval split. tiny: 64 of the 200 test goals (~2 min on 2 cores for the four
       # policies); on 16 goals one seed's score moves by +-10 points with the goals drawn.
       max_tasks=config_dict.placeholder(int) if real else 64,
   ))
