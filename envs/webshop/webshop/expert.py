@@ -94,7 +94,8 @@ class ScriptedExpert:
 
         def rank(query: tuple[str, str]) -> int:
             page = search(query[0])[:PRODUCT_WINDOW]
-            return next((i for i, asin in enumerate(page) if self._as_good_as_target(goal, asin)), PRODUCT_WINDOW)
+            good = self._first_as_good_as_target(goal, page)
+            return PRODUCT_WINDOW if good is None else page.index(good)
 
         ranks = [rank(q) for q in queries]
         top = next((i for i in range(len(queries) - 1) if ranks[i] == 0), None)
@@ -105,7 +106,7 @@ class ScriptedExpert:
 
     def _on_results(self, goal: dict, obs: str, clickables: list[str]) -> str:
         listed = [self._asin_by_lower[c] for c in clickables if c not in _NAVIGATION and c in self._asin_by_lower]
-        good = next((asin for asin in listed if self._as_good_as_target(goal, asin)), None)
+        good = self._first_as_good_as_target(goal, listed)
         if good is not None:
             return self._click_product(goal, good, "matches")
         if self._searches < 2:
@@ -115,9 +116,11 @@ class ScriptedExpert:
         best = max(listed, key=lambda asin: _overlap(goal["instruction_text"], self.catalogue.by_asin[asin].title))
         return self._click_product(goal, best, "is the closest match to")
 
-    def _as_good_as_target(self, goal: dict, asin: str) -> bool:
-        """Whether buying `asin` earns at least the target's reward."""
-        return asin == goal["asin"] or self._purchase_value(goal, asin) >= self._purchase_value(goal, goal["asin"])
+    def _first_as_good_as_target(self, goal: dict, asins: list[str]) -> str | None:
+        """The first of `asins` whose purchase earns at least the target's reward (None: none does)."""
+        target_value = self._purchase_value(goal, goal["asin"])
+        return next((asin for asin in asins
+                     if asin == goal["asin"] or self._purchase_value(goal, asin) >= target_value), None)
 
     def _purchase_value(self, goal: dict, asin: str) -> float:
         """The reward of buying `asin` with the goal's option values it offers (as `_on_item` selects them)."""
