@@ -30,6 +30,7 @@ checkpoints/ppo/<fingerprint>/<m>/ (after every `checkpoint_every` iterations; a
 metrics/ppo_<m>.jsonl and plots/ppo_<m>.png.
 """
 
+import contextlib
 import dataclasses
 import logging
 import shutil
@@ -115,9 +116,11 @@ def frozen_sft(cfg: ml_collections.ConfigDict, ws: Workspace, mesh) -> TrainStat
 
 
 def sampling_model(policy: TrainState) -> Llama:
-  """The policy as a plain Llama (LoRA merged into a copy), for the sampler and for export."""
-  model = nnx.merge(policy.graphdef, policy.params, policy.frozen)
-  return merge_lora(model)
+  """The policy as a plain Llama (LoRA merged), for the sampler and for export. The module is
+  built on copies of the state's Variables (`copy=True`): `merge_lora` writes the merged kernels
+  into the module's Variables, and without the copy those are the train state's own, so every
+  call would add the LoRA delta to the frozen base (and to the LoRA reference)."""
+  return merge_lora(nnx.merge(policy.graphdef, policy.params, policy.frozen, copy=True))
 
 
 # ----------------------------------------------------------------------------- data per iteration
@@ -205,17 +208,39 @@ def progress_of(shared: Shared, mode: str, sequences) -> dict[str, np.ndarray]:
 
 def reward_batch(cfg: ml_collections.ConfigDict, mode: str, sequences, progress, pad_id: int) -> dict[str, np.ndarray]:
   """The trajectory batch of one iteration (rollouts_per_iteration rows, one length bucket) with
-  its task rewards `task_rewards_bs` for reward mode `mode`."""
+  its task rewards `task_rewards_bs` for reward mode `mode` and `sampler_logp_bt`, the log-probs
+  the sampler recorded for each sampled action token (0 elsewhere and without exact tokens)."""
   seq_len = prm.padded_length(sequences, cfg.ppo.length_bucket, cfg.ppo.max_len)
   batch = prm.sequence_batch(sequences, seq_len, cfg.ppo.rollouts_per_iteration, cfg.env.max_steps, pad_id)
   progress_bs = np.zeros_like(batch["grounding_bs"])
+  sampler_logp_bt = np.zeros_like(batch["loss_mask_bt"])
   for row, sequence in enumerate(sequences):
     progress_bs[row, :sequence.num_steps] = progress[sequence.key]
+    if sequence.sampler_logprobs is not None:
+      sampler_logp_bt[row, :len(sequence.tokens)] = sequence.sampler_logprobs
   rewards_bs = step_rewards(mode, progress_bs=jnp.asarray(progress_bs), grounding_bs=jnp.asarray(batch["grounding_bs"]),
                             step_mask_bs=jnp.asarray(batch["step_mask_bs"]),
                             final_reward_b=jnp.asarray(batch["final_reward_b"]),
                             alpha=cfg.label.progress_coef, beta=cfg.label.grounding_coef)
-  return batch | {"task_rewards_bs": np.asarray(rewards_bs)}
+  return batch | {"task_rewards_bs": np.asarray(rewards_bs), "sampler_logp_bt": sampler_logp_bt}
+
+
+def explained_variance(values: np.ndarray, returns: np.ndarray) -> float:
+  """1 - Var(returns - values) / Var(returns) over the given steps (NaN when the returns are constant):
+  1 is a perfect critic, 0 one no better than the mean return."""
+  spread = float(np.var(returns))
+  return float("nan") if spread < 1e-12 else 1.0 - float(np.var(returns - values)) / spread
+
+
+def sampler_agreement(batch: dict[str, np.ndarray], old_logp_bt: np.ndarray) -> dict[str, float]:
+  """How far the update's old-policy log-probs are from the sampler's on the sampled action tokens
+  (online PPO: the same policy, so only float noise; a stale or altered sampler shows up here):
+  mean and max |difference| in nats per token."""
+  tokens = (batch["loss_mask_bt"] > 0) & (batch["sampler_logp_bt"] != 0)
+  if not tokens.any():
+    return {}
+  gap = np.abs(old_logp_bt - batch["sampler_logp_bt"])[tokens]
+  return {"sampler_logp_gap": float(gap.mean()), "sampler_logp_gap_max": float(gap.max())}
 
 
 # ----------------------------------------------------------------------------- one iteration
@@ -238,10 +263,13 @@ def targets_batch(shared: Shared, state: PPOState, batch: dict[str, np.ndarray],
   extra = {"old_logp_bt": old_logp_bt, "old_values_bs": old_values_bs,
            "advantages_bt": targets["advantages_bt"], "returns_bs": targets["returns_bs"]}
   full = batch | {key: prm.to_host(value) for key, value in extra.items()}
-  has_steps = batch["step_mask_bs"].any(axis=1)
+  has_steps, steps = batch["step_mask_bs"].any(axis=1), batch["step_mask_bs"] > 0
   stats = {"kl": float(targets["mean_kl"]), "kl_coef": kl_coef,
            "shaped_return": float(prm.to_host(targets["rewards_bs"]).sum(axis=1)[has_steps].mean()),
-           "task_return": float(batch["task_rewards_bs"].sum(axis=1)[has_steps].mean())}
+           "task_return": float(batch["task_rewards_bs"].sum(axis=1)[has_steps].mean()),
+           "explained_variance": explained_variance(full["old_values_bs"][steps], full["returns_bs"][steps])}
+  if shared.offline is None:  # offline data was sampled by the SFT policy, not the current one
+    stats |= sampler_agreement(batch, full["old_logp_bt"])
   return full, stats
 
 
@@ -249,7 +277,7 @@ def update(shared: Shared, step_fn, state: PPOState, batch: dict[str, np.ndarray
   """`ppo_epochs` passes of shuffled mini-batches; returns (state, mean metrics over the updates)."""
   cfg = shared.cfg
   rows = cfg.ppo.mini_batch_size * cfg.ppo.grad_accum
-  keys = [k for k in batch if k not in ("grounding_bs", "task_rewards_bs", "final_reward_b")]
+  keys = [k for k in batch if k not in ("grounding_bs", "task_rewards_bs", "final_reward_b", "sampler_logp_bt")]
   history = []
   for epoch in range(cfg.ppo.ppo_epochs):
     order = np.random.default_rng([cfg.seed, iteration, epoch]).permutation(len(batch["tokens_bt"]))
@@ -336,6 +364,17 @@ def train_mode(shared: Shared, mode: str) -> dict:
   return {"resumed": resumed, "final": last, "outputs": outputs}
 
 
+@contextlib.contextmanager
+def online_rollouts(shared: Shared):
+  """Opens the sampler and the env pool that every reward mode's online rollouts share."""
+  cfg = shared.cfg
+  model_cfg = prm.backbone_config(cfg, common.policy_dir(shared.ws, "sft"), cfg.model.dtype)
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: Llama(model_cfg, rngs=nnx.Rngs(0))))
+  shared.sampler = common.make_sampler(cfg, model_cfg, graphdef, shared.tokenizer, shared.mesh)
+  with common.open_pool(cfg, shared.sampler.batch_size) as shared.pool:
+    yield shared
+
+
 def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
   """One PPO run per ppo.reward_modes entry. Settings are checked by `configuration.validate`,
   which main runs before any stage."""
@@ -347,12 +386,8 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
     load_offline(shared)
   elif "spa" in modes:
     shared.estimator = prm.load_estimator(cfg, ws, shared.mesh)
-  summaries = {}
   if cfg.ppo.mode == "online":
-    model_cfg = prm.backbone_config(cfg, common.policy_dir(ws, "sft"), cfg.model.dtype)
-    graphdef, _ = nnx.split(nnx.eval_shape(lambda: Llama(model_cfg, rngs=nnx.Rngs(0))))
-    shared.sampler = common.make_sampler(cfg, model_cfg, graphdef, shared.tokenizer, shared.mesh)
-    with common.open_pool(cfg, shared.sampler.batch_size) as shared.pool:
+    with online_rollouts(shared):
       summaries = {mode: train_mode(shared, mode) for mode in modes}
   else:
     summaries = {mode: train_mode(shared, mode) for mode in modes}

@@ -69,6 +69,10 @@ class TrajectorySequence:
   grounding: list[float]  # g_s per step: 1 for an action the env accepted (record `valid`)
   actions: list[str | None]  # parsed action per step (None: unparsable)
   final_reward: float
+  # 1 on the end-of-turn tokens the episode loop appended after a stop string (not sampled)
+  forced_mask: list[int] | None = None
+  # the sampler's log pi of each sampled action token (0 elsewhere); None without exact tokens
+  sampler_logprobs: list[float] | None = None
 
   @property
   def num_steps(self) -> int:
@@ -85,13 +89,37 @@ def _action_runs(mask: list[int]) -> list[tuple[int, int]]:
   return list(zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist()))
 
 
+def _forced_and_sampled(record: dict, runs: list[tuple[int, int]], length: int, exact: bool):
+  """(forced mask, sampler log-probs per token or None) of a record's first num_steps actions.
+
+  An action that did not end with the policy's own end token (finish_reason "stop" or "length")
+  was closed by an appended end-of-turn token: that last token of its run is forced. With exact
+  tokens the remaining tokens of each run are the sampled ones, in order, and carry the step's
+  recorded `token_logprobs`.
+  """
+  forced = [0] * length
+  logprobs = [0.0] * length if exact else None
+  for step, (start, end) in zip(record["steps"], runs):
+    produced_end = end - (step["finish_reason"] != "eos")
+    forced[produced_end:end] = [1] * (end - produced_end)
+    if exact:
+      recorded = step["token_logprobs"]
+      if len(recorded) != produced_end - start:
+        raise ValueError(f"trajectory task {record['task_id']} rollout {record['rollout']}: "
+                         f"{len(recorded)} recorded log-probs for an action of {produced_end - start} "
+                         "sampled tokens; the record is corrupt")
+      logprobs[start:produced_end] = recorded
+  return forced, logprobs
+
+
 def trajectory_sequence(record: dict, tokenizer) -> TrajectorySequence:
   """The record's exact token sequence (or, with history elision, its re-encoded conversation).
 
   An episode cut by the context limit in the middle of a generation has one more action run
   than steps; the sequence ends after the last completed step's action.
   """
-  if record["tokens"] is not None:
+  exact = record["tokens"] is not None
+  if exact:
     tokens, mask = list(record["tokens"]), list(record["action_mask"])
   else:
     example = build_sft_example(episodes.trajectory_conversation(record), tokenizer)
@@ -102,11 +130,12 @@ def trajectory_sequence(record: dict, tokenizer) -> TrajectorySequence:
     raise ValueError(f"trajectory task {record['task_id']} rollout {record['rollout']}: {len(runs)} "
                      f"action spans in its action mask for {num_steps} steps; the record is corrupt")
   end = runs[num_steps - 1][1] if num_steps else 0
+  forced, logprobs = _forced_and_sampled(record, runs[:num_steps], end, exact)
   return TrajectorySequence(
       task_id=int(record["task_id"]), rollout=int(record["rollout"]), tokens=tokens[:end],
       action_mask=mask[:end], grounding=[float(step["valid"]) for step in record["steps"]],
       actions=[step["parsed_action"] for step in record["steps"]],
-      final_reward=float(record["final_reward"]))
+      final_reward=float(record["final_reward"]), forced_mask=forced, sampler_logprobs=logprobs)
 
 
 def load_sequences(records: list[dict], tokenizer, max_len: int) -> tuple[list[TrajectorySequence], dict]:
@@ -136,7 +165,8 @@ def sequence_batch(sequences: list[TrajectorySequence], seq_len: int, batch_size
   batch = make_trajectory_batch([s.tokens for s in sequences] + empty,
                                 [s.action_mask for s in sequences] + empty,
                                 [s.final_reward for s in sequences] + [0.0] * len(empty),
-                                seq_len=seq_len, max_steps=max_steps, pad_id=pad_id)
+                                seq_len=seq_len, max_steps=max_steps, pad_id=pad_id,
+                                forced_mask_rows=[s.forced_mask or [0] * len(s.tokens) for s in sequences] + empty)
   grounding_bs = np.zeros((batch_size, max_steps), np.float32)
   for row, sequence in enumerate(sequences):
     grounding_bs[row, :sequence.num_steps] = sequence.grounding

@@ -9,9 +9,11 @@ Every per-token array is **token-aligned**: index t describes token t.
 | `tokens_bt`         | int32   | [B, T] | token ids; padding after the sequence end (any id)              |
 | `positions_bt`      | int32   | [B, T] | 0, 1, ... along the sequence (padding: continues counting)      |
 | `loss_mask_bt`      | float32 | [B, T] | 1 on the agent's action tokens of environment steps (each action |
-|                     |         |        | turn incl. its end-of-turn token); 0 on instruction, "OK",       |
-|                     |         |        | demonstration, observations, chat headers and padding           |
-| `step_id_bt`        | int32   | [B, T] | step index s of each action token, -1 elsewhere                  |
+|                     |         |        | turn incl. its end-of-turn token) that the policy produced; 0 on |
+|                     |         |        | forced tokens (below), instruction, "OK", demonstration,         |
+|                     |         |        | observations, chat headers and padding                           |
+| `step_id_bt`        | int32   | [B, T] | step index s of each action token the policy produced, -1        |
+|                     |         |        | elsewhere (forced tokens included)                               |
 | `step_start_idx_bs` | int32   | [B, S] | index of the last token BEFORE action s (end of its prompt: the |
 |                     |         |        | state the critic values); -1 for padding steps                  |
 | `step_end_idx_bs`   | int32   | [B, S] | index of the last token of action s (where the progress         |
@@ -20,7 +22,11 @@ Every per-token array is **token-aligned**: index t describes token t.
 | `final_reward_b`    | float32 | [B]    | the episode's outcome R (WebShop reward in [0, 1])              |
 
 Steps are environment actions only: a trajectory with one action has one step; invalid actions
-are steps like any other (their grounding signal is 0). The log-probability of token t comes from
+are steps like any other (their grounding signal is 0). A step's span is its run of action-mask
+ones; a **forced** token inside it (the end-of-turn token the episode loop appends after a stop
+string ended the action: the policy did not sample it) still delimits the step (it can be the
+step's last token, where `step_end_idx_bs` points), but it is no action token of the policy: it
+has `loss_mask_bt` 0 and `step_id_bt` -1, so it enters no log-ratio, KL, advantage or loss. The log-probability of token t comes from
 the logits at t-1 (`token_logprobs`), so action tokens never sit at t = 0.
 """
 
@@ -76,10 +82,16 @@ def steps_from_action_mask(action_mask_t: Sequence[int], *, max_steps: int):
 def make_trajectory_batch(token_rows: Sequence[Sequence[int]],
                           action_mask_rows: Sequence[Sequence[int]],
                           final_rewards: Sequence[float] | None = None, *,
-                          seq_len: int, max_steps: int, pad_id: int = 0) -> dict[str, np.ndarray]:
-  """Host-side numpy batch in the layout above from per-trajectory token ids and action masks."""
+                          seq_len: int, max_steps: int, pad_id: int = 0,
+                          forced_mask_rows: Sequence[Sequence[int]] | None = None) -> dict[str, np.ndarray]:
+  """Host-side numpy batch in the layout above from per-trajectory token ids and action masks
+  (and, optionally, masks of the forced tokens inside the actions)."""
   if len(token_rows) != len(action_mask_rows):
     raise ValueError(f"{len(token_rows)} token rows but {len(action_mask_rows)} action masks")
+  if forced_mask_rows is None:
+    forced_mask_rows = [[0] * len(mask) for mask in action_mask_rows]
+  if len(forced_mask_rows) != len(action_mask_rows):
+    raise ValueError(f"{len(forced_mask_rows)} forced-token masks for {len(action_mask_rows)} rows")
   num_rows = len(token_rows)
   batch = {
       "tokens_bt": np.full((num_rows, seq_len), pad_id, np.int32),
@@ -90,16 +102,20 @@ def make_trajectory_batch(token_rows: Sequence[Sequence[int]],
       "step_end_idx_bs": np.full((num_rows, max_steps), -1, np.int32),
       "final_reward_b": np.zeros((num_rows,), np.float32),
   }
-  for row, (tokens, mask) in enumerate(zip(token_rows, action_mask_rows)):
-    if len(tokens) != len(mask):
-      raise ValueError(f"row {row}: {len(tokens)} tokens but {len(mask)} mask entries")
+  for row, (tokens, mask, forced) in enumerate(zip(token_rows, action_mask_rows, forced_mask_rows)):
+    if not len(tokens) == len(mask) == len(forced):
+      raise ValueError(f"row {row}: {len(tokens)} tokens but {len(mask)} action-mask and {len(forced)} "
+                       "forced-mask entries")
+    produced_t = (np.asarray(mask) > 0) & ~(np.asarray(forced, bool))
+    if np.any(np.asarray(forced, bool) & ~(np.asarray(mask) > 0)):
+      raise ValueError(f"row {row}: a forced token outside every action (forced tokens close an action)")
     if len(tokens) > seq_len:
       raise ValueError(f"row {row} has {len(tokens)} tokens > seq_len={seq_len}; "
                        "use a larger length bucket")
     step_id_t, start_s, end_s = steps_from_action_mask(mask, max_steps=max_steps)
     batch["tokens_bt"][row, :len(tokens)] = tokens
-    batch["loss_mask_bt"][row, :len(mask)] = np.asarray(mask) > 0
-    batch["step_id_bt"][row, :len(mask)] = step_id_t
+    batch["loss_mask_bt"][row, :len(mask)] = produced_t
+    batch["step_id_bt"][row, :len(mask)] = np.where(produced_t, step_id_t, -1)
     batch["step_start_idx_bs"][row] = start_s
     batch["step_end_idx_bs"][row] = end_s
   batch["step_mask_bs"] = (batch["step_end_idx_bs"] >= 0).astype(np.float32)

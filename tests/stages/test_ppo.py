@@ -1,14 +1,18 @@
 """ppo stage: an online iteration changes the policy, a killed run resumes from its checkpoint to the
-uninterrupted result, offline PPO trains on the label stage's rewards, reward modes (config errors:
-tests/pipeline/test_config.py)."""
+uninterrupted result, offline PPO trains on the label stage's rewards, reward modes, and the
+invariants of one online iteration (sampler log-probs = old-policy log-probs, only sampled tokens
+trained on, KL 0 to an unchanged reference; config errors: tests/pipeline/test_config.py)."""
 
+import dataclasses
 import shutil
 
+import jax
 import numpy as np
 import pytest
+from flax import nnx
 from safetensors.numpy import load_file
 
-from spa_jax.stages import label, ppo, prm
+from spa_jax.stages import common, label, ppo, prm
 from spa_jax.tracking import peak_memory_gb, read_metrics
 from spa_jax.workspace import Workspace
 from spa_workspace import make_config, workspace_copy
@@ -31,6 +35,9 @@ def test_online_ppo_changes_the_policy_and_resumes_after_a_kill(tmp_path_factory
     assert np.isfinite(rows[-1][key])
   for row in rows:  # every phase of every iteration is timed
     assert all(row[f"time_{phase}_s"] > 0 for phase in ("rollout", "rewards", "targets", "update"))
+    # the sampler ran the policy the update starts from (a sampler copy that wrote its merged LoRA
+    # back into the train state failed this from the second iteration on)
+    assert row["sampler_logp_gap_max"] < 2e-4
   assert ("peak_memory_gb" in rows[0]) == (peak_memory_gb() is not None)  # absent on CPU
   assert rows[0]["trajectories"] == 2 and rows[0]["skipped"] == 0.0
   sft, trained = _weights(straight, "sft"), _weights(straight, "ppo_spa")
@@ -84,3 +91,66 @@ def test_reward_modes_of_one_batch(tmp_path):
   np.testing.assert_allclose(rows["spa"], [[1.5, -0.5, 0.0], [0.75, 0.0, 0.0]])
   np.testing.assert_allclose(rows["sparse"], [[0.0, 0.75, 0.0], [0.0, 0.0, 0.0]])
   np.testing.assert_allclose(rows["grounding_only"], [[0.5, 0.75, 0.0], [0.5, 0.0, 0.0]])
+
+
+def _perturbed_lora(policy, scale: float, seed: int):
+  """The policy train state with every LoRA parameter moved by scale * N(0, 1)."""
+  keys = iter(jax.random.split(jax.random.key(seed), len(jax.tree.leaves(policy.params))))
+  return policy.with_params(jax.tree.map(lambda x: x + scale * jax.random.normal(next(keys), x.shape, x.dtype),
+                                         policy.params))
+
+
+def _state_arrays(policy) -> list[np.ndarray]:
+  return [np.asarray(x) for x in jax.tree.leaves((policy.params, policy.frozen))]
+
+
+def test_sampling_model_and_export_leave_the_train_state_unchanged(tmp_path_factory, tmp_path):
+  ws = Workspace(workspace_copy(tmp_path_factory, tmp_path))
+  cfg = make_config(ws.root)
+  mesh = common.make_mesh(cfg)
+  _, state = ppo.initial_state(cfg, ws, mesh, ppo.optimizer(cfg))
+  policy = _perturbed_lora(state.policy, 0.05, seed=1)
+  before = _state_arrays(policy)
+  merged_twice = [ppo.sampling_model(policy) for _ in range(2)]
+  common.save_policy(ws, "ppo_probe", ppo.sampling_model(policy), merged_twice[0].cfg)
+  for old, new in zip(before, _state_arrays(policy), strict=True):
+    np.testing.assert_array_equal(old, new)  # the frozen base never takes the LoRA delta
+  first, second = (nnx.state(m, nnx.Param) for m in merged_twice)
+  for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # merging again gives the same model
+
+
+@pytest.mark.slow
+def test_online_iteration_invariants(tmp_path_factory, tmp_path):
+  """On the policy's own fresh samples: the sampler's recorded log-probs are the update's old-policy
+  log-probs; only sampled tokens are trained on; KL to the (unchanged) reference is 0, to a perturbed
+  reference positive; a policy moved away from the reference also samples a positive KL."""
+  ws = Workspace(workspace_copy(tmp_path_factory, tmp_path))
+  cfg = make_config(ws.root, {**ONLINE, "ppo.rollouts_per_iteration": 4, "ppo.mini_batch_size": 2,
+                              "ppo.max_new_tokens": 24, "ppo.reward_modes": "sparse",
+                              "eval.policies": "sft,ppo_sparse"})
+  shared = ppo.Shared(cfg=cfg, ws=ws, tokenizer=common.load_tokenizer(cfg, ws), mesh=common.make_mesh(cfg))
+  _, state = ppo.initial_state(cfg, ws, shared.mesh, ppo.optimizer(cfg))
+  eot = shared.tokenizer.end_of_turn_id
+  with ppo.online_rollouts(shared):
+    for iteration, policy in enumerate([state.policy, _perturbed_lora(state.policy, 0.3, seed=2)]):
+      state = state.replace(policy=policy)
+      sequences, _ = ppo.online_sequences(shared, "sparse", iteration, state)
+      batch = ppo.reward_batch(cfg, "sparse", sequences, ppo.progress_of(shared, "sparse", sequences),
+                               shared.tokenizer.pad_id)
+      full, stats = ppo.targets_batch(shared, state, batch, kl_coef=0.05)
+      trained = full["loss_mask_bt"] > 0
+      # every trained token was sampled (it has the sampler's log-prob) and every forced token is
+      # the end-of-turn token appended after a stop string
+      assert trained.any() and np.all(full["sampler_logp_bt"][trained] != 0)
+      assert np.all(full["sampler_logp_bt"][~trained] == 0)
+      forced_tokens = [s.tokens[i] for s in sequences for i, f in enumerate(s.forced_mask) if f]
+      assert forced_tokens and set(forced_tokens) == {eot}
+      np.testing.assert_allclose(full["old_logp_bt"][trained], full["sampler_logp_bt"][trained], atol=2e-4)
+      assert stats["sampler_logp_gap_max"] < 2e-4
+      if iteration == 0:  # fresh LoRA (B = 0): the policy is its reference, token for token
+        assert stats["kl"] == 0.0
+        perturbed = dataclasses.replace(shared, reference=_perturbed_lora(policy, 0.3, seed=3))
+        assert ppo.targets_batch(perturbed, state, batch, kl_coef=0.05)[1]["kl"] > 0.5
+      else:  # a policy away from the reference: its own samples show it
+        assert stats["kl"] > 0.5

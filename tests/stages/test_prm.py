@@ -37,15 +37,22 @@ def test_sequences_have_one_step_per_agent_action_never_the_prompt_turns(tmp_pat
 
 
 def test_recorded_tokens_cut_after_the_last_completed_step():
-  # an episode ended by the context limit mid-generation: 2 steps, 3 action spans in the mask
-  record = {"task_id": 1, "rollout": 0, "num_steps": 2, "final_reward": 0.0,
-            "steps": [{"valid": True, "parsed_action": "search[a]"}, {"valid": False, "parsed_action": None}],
+  # an episode ended by the context limit mid-generation: 2 steps, 3 action spans in the mask; step 0
+  # ended at a stop string (its end-of-turn token 4 was appended), step 1 with the policy's own end token
+  steps = [{"valid": True, "parsed_action": "search[a]", "finish_reason": "stop", "token_logprobs": [-0.5]},
+           {"valid": False, "parsed_action": None, "finish_reason": "eos", "token_logprobs": [-1.5]}]
+  record = {"task_id": 1, "rollout": 0, "num_steps": 2, "final_reward": 0.0, "steps": steps,
             "tokens": list(range(1, 13)), "action_mask": [0, 0, 1, 1, 0, 0, 1, 0, 0, 1, 1, 1]}
   sequence = prm.trajectory_sequence(record, tokenizer=None)
   assert sequence.tokens == list(range(1, 8)) and sequence.action_mask == [0, 0, 1, 1, 0, 0, 1]
   assert sequence.grounding == [1.0, 0.0]
+  assert sequence.forced_mask == [0, 0, 0, 1, 0, 0, 0]
+  assert sequence.sampler_logprobs == [0.0, 0.0, -0.5, 0.0, 0.0, 0.0, -1.5]
   with pytest.raises(ValueError, match="3 action spans .* for 1 steps"):
     prm.trajectory_sequence(record | {"num_steps": 1}, tokenizer=None)
+  corrupt = [steps[0] | {"token_logprobs": [-0.5, -0.1]}, steps[1]]
+  with pytest.raises(ValueError, match="2 recorded log-probs for an action of 1 sampled tokens"):
+    prm.trajectory_sequence(record | {"steps": corrupt}, tokenizer=None)
 
 
 def test_holdout_split_is_by_task_and_deterministic():

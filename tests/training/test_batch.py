@@ -7,6 +7,7 @@ import pytest
 from spa_jax.sharding import make_mesh
 from spa_jax.training import batch as tb
 from spa_jax.training.global_batch import to_global_batch
+from spa_jax.training.kl import step_kl
 
 
 def test_steps_from_action_mask_two_steps():
@@ -44,6 +45,20 @@ def test_make_trajectory_batch_pads_and_marks_steps():
   np.testing.assert_array_equal(batch["final_reward_b"], [0.5, 1.0])
   with pytest.raises(ValueError, match="seq_len"):
     tb.make_trajectory_batch([[1, 2, 3]], [[0, 1, 1]], seq_len=2, max_steps=1)
+
+
+def test_forced_tokens_delimit_their_step_but_are_not_trained_on():
+  # step 0 = tokens 1-3, its last token (3) forced; step 1 = tokens 5-6, sampled to its end
+  batch = tb.make_trajectory_batch([[5, 6, 7, 2, 8, 9, 2]], [[0, 1, 1, 1, 0, 1, 1]], seq_len=8, max_steps=2,
+                                   forced_mask_rows=[[0, 0, 0, 1, 0, 0, 0]])
+  np.testing.assert_array_equal(batch["loss_mask_bt"], [[0, 1, 1, 0, 0, 1, 1, 0]])
+  np.testing.assert_array_equal(batch["step_id_bt"], [[-1, 0, 0, -1, -1, 1, 1, -1]])
+  np.testing.assert_array_equal(batch["step_start_idx_bs"], [[0, 4]])
+  np.testing.assert_array_equal(batch["step_end_idx_bs"], [[3, 6]])  # the forced token still ends step 0
+  kl_bs = step_kl(jnp.ones((1, 8)), jnp.zeros((1, 8)), jnp.asarray(batch["step_id_bt"]), 2)
+  np.testing.assert_array_equal(kl_bs, [[2.0, 2.0]])  # the forced token is in no step's KL
+  with pytest.raises(ValueError, match="outside every action"):
+    tb.make_trajectory_batch([[5, 6]], [[0, 1]], seq_len=2, max_steps=1, forced_mask_rows=[[1, 0]])
 
 
 def test_check_has_agent_tokens():
