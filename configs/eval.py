@@ -11,13 +11,14 @@ from spa_jax.configuration import load_sibling
 
 
 def eval_section(preset: str) -> ml_collections.ConfigDict:
-  real = load_sibling(__file__, "base").is_real(preset)
+  base = load_sibling(__file__, "base")
+  real = base.is_real(preset)
   return ml_collections.ConfigDict(dict(
       # comma-separated; each one is evaluated and reported (the untrained row is cheap on tiny)
       policies="sft,ppo_sparse,ppo_spa" if real else "untrained,sft,ppo_sparse,ppo_spa",
       temperature=0.0,
       top_p=1.0,
-      max_new_tokens=512 if real else 96,
+      max_new_tokens=512 if real else (128 if preset == base.SMOLLM2 else 96),
       # None: the whole eval split. tiny: 64 of the 200 test goals (~2 min on 2 cores for the four
       # policies); on 16 goals one seed's score moves by +-10 points with the goals drawn.
       max_tasks=config_dict.placeholder(int) if real else 64,

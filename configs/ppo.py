@@ -21,8 +21,9 @@ from spa_jax.configuration import load_sibling
 
 
 def ppo_section(preset: str) -> ml_collections.ConfigDict:
-  real = load_sibling(__file__, "base").is_real(preset)
-  return ml_collections.ConfigDict(dict(
+  base = load_sibling(__file__, "base")
+  real = base.is_real(preset) or preset == base.SMOLLM2  # smollm2-135m: the released values too
+  cfg = ml_collections.ConfigDict(dict(
       # "online": each iteration samples fresh rollouts of the current policy, labels them with the
       # frozen estimator + env grounding, updates; "offline": PPO on the labelled held-out
       # exploration trajectories (label/labels.jsonl), as the released pipeline does.
@@ -60,6 +61,9 @@ def ppo_section(preset: str) -> ml_collections.ConfigDict:
       checkpoint_every=5 if real else 1,  # iterations between Orbax checkpoints (resume points)
       keep_checkpoints=2,
   ))
+  if preset == base.SMOLLM2:
+    cfg.max_new_tokens = 128  # as explore and eval: a ReAct reply is ~30-60 tokens
+  return cfg
 
 
 def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:

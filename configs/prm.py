@@ -12,8 +12,9 @@ from spa_jax.configuration import load_sibling
 
 
 def prm_section(preset: str) -> ml_collections.ConfigDict:
-  real = load_sibling(__file__, "base").is_real(preset)
-  return ml_collections.ConfigDict(dict(
+  base = load_sibling(__file__, "base")
+  real = base.is_real(preset) or preset == base.SMOLLM2
+  cfg = ml_collections.ConfigDict(dict(
       finetune="full",  # "full" | "lora" (LoRA adapters per model.lora, plus the head)
       dtype="",  # activations: "" (model.dtype) | "bfloat16" | "float32"
       epochs=1 if real else 2,
@@ -32,6 +33,9 @@ def prm_section(preset: str) -> ml_collections.ConfigDict:
       keep_checkpoints=2,
       plot_examples=4,  # held-out trajectories in plots/prm_progress.png
   ))
+  if preset == base.SMOLLM2:  # ~1k exploration trajectories: ~60 steps, so a short warm-up
+    cfg.update(dict(learning_rate=1e-5, warmup_steps=10))
+  return cfg
 
 
 def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:

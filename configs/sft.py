@@ -7,8 +7,9 @@ from spa_jax.configuration import load_sibling
 
 
 def sft_section(preset: str) -> ml_collections.ConfigDict:
-  real = load_sibling(__file__, "base").is_real(preset)
-  return ml_collections.ConfigDict(dict(
+  base = load_sibling(__file__, "base")
+  real = base.is_real(preset)
+  cfg = ml_collections.ConfigDict(dict(
       finetune="full",  # "full" | "lora"
       # "expert": ScriptedExpert episodes on env.train_split; or a path to an ETO webshop_sft.json
       data="expert",
@@ -31,6 +32,13 @@ def sft_section(preset: str) -> ml_collections.ConfigDict:
       checkpoint_every=200 if real else 10,  # optimizer steps between Orbax checkpoints (resume points)
       keep_checkpoints=2,
   ))
+  if preset == base.SMOLLM2:
+    # Full fine-tune of the 135M model on every train goal's demonstration (2 epochs, ~267 steps),
+    # AdamW 1e-4 with warm-up + cosine, agent tokens only: the PyTorch peer's recipe
+    # (../shared/bench/smol_peer.py).
+    cfg.update(dict(epochs=2, batch_size=16, micro_batch_size=4, learning_rate=1e-4, warmup_ratio=0.05,
+                    max_len=4096, context_loss_weight=0.0, checkpoint_every=100))
+  return cfg
 
 
 def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:

