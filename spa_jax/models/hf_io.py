@@ -172,6 +172,15 @@ def _plan_shards(
   return shards + [current]
 
 
+def _save_tensors(tensors: dict[str, np.ndarray], file: Path) -> None:
+  """`safetensors` writes a temporary file (mode 0600) and renames it into place; the file then gets the
+  mode of any new file, 0666 less the umask, so the exported model is as readable as the rest."""
+  save_file(tensors, file, metadata={"format": "pt"})
+  umask = os.umask(0)
+  os.umask(umask)
+  file.chmod(0o666 & ~umask)
+
+
 def save_hf(
     model: Llama, cfg: LlamaConfig, path: str | os.PathLike, *, tokenizer=None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
@@ -201,7 +210,7 @@ def save_hf(
   for name, shard in zip(names, shards):
     tensors = {key: _host_tensor(model, state_path, out_dtype) for key, state_path, _ in shard}
     if writer:
-      save_file(tensors, out_dir / name, metadata={"format": "pt"})
+      _save_tensors(tensors, out_dir / name)
     weight_map.update({key: name for key in tensors})
     total_bytes += sum(t.nbytes for t in tensors.values())
   if writer and len(shards) > 1:

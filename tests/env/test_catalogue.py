@@ -1,6 +1,5 @@
 """Catalogue loading (original load_products rules), goals, goal order and splits."""
 
-import importlib.util
 import json
 import random
 import subprocess
@@ -174,15 +173,3 @@ def test_package_imports_neither_jax_nor_spa_jax():
     code = ('import sys, webshop; bad = [m for m in sys.modules if m.split(".")[0] in ("jax", "spa_jax")]; '
             'assert not bad, bad')
     subprocess.run([sys.executable, '-c', code], check=True)
-
-
-def test_fallback_noun_tagger_keeps_nouns_and_unknown_words():
-    from webshop import nouns
-    if any(importlib.util.find_spec(m) for m in nouns.SPACY_MODELS):
-        pytest.skip('a spaCy pipeline is installed; the fallback is not used')
-    with pytest.warns(UserWarning, match='r_type is approximate'):
-        tagger = nouns.NounTagger()
-    assert tagger.name == 'lookup-fallback'
-    [tagged] = tagger.tag(['Vhomes Reclaimed Wood Console Table with Two Sofa-Tables, Table (Black) 12 pcs'])
-    assert tagged.tokens == {'vhomes', 'wood', 'console', 'table', 'sofa', 'tables', 'black', 'pcs'}
-    assert tagged.count == 9                      # "table" twice

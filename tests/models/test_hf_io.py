@@ -1,6 +1,7 @@
 """HF safetensors I/O against PyTorch `transformers.LlamaForCausalLM` on tiny random models."""
 
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -97,6 +98,19 @@ def test_bf16_round_trip_and_sharded_files(micro_cfg, tmp_path):
   _, reloaded = load_hf(out)
   for a, b in zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(reloaded))):
     assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)], ids=["umask022", "umask077"])
+def test_exported_files_follow_the_umask(micro_cfg, micro_model, tmp_path, umask, mode):
+  previous = os.umask(umask)
+  try:
+    single = save_hf(micro_model, micro_cfg, tmp_path / "single")
+    sharded = save_hf(micro_model, micro_cfg, tmp_path / "sharded", max_shard_bytes=20_000)
+  finally:
+    os.umask(previous)
+  files = sorted(single.iterdir()) + sorted(sharded.iterdir())
+  assert len(files) > 4 and any(f.suffix == ".safetensors" for f in files)
+  assert {f.name: oct(f.stat().st_mode & 0o777) for f in files} == {f.name: oct(mode) for f in files}
 
 
 def test_save_merges_lora(micro_cfg, micro_model, tmp_path):

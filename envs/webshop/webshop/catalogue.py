@@ -16,7 +16,8 @@ Departures from the original, on purpose:
   original draws both from the unseeded global ``random``, so they differ
   between processes; ours are identical in every process for a given seed.
 * **Title nouns precomputed** once per product (``nouns.py``); the tagger used is
-  recorded as ``Catalogue.noun_tagger``.
+  recorded as ``Catalogue.noun_tagger``. The synthetic catalogue gives its titles'
+  nouns (known by construction), so its rewards do not depend on a tagger.
 * Pricing strings the original would crash on (a ``$`` with no digits) lose the
   bad pieces; no parsable price counts as missing. Products without images get
   ``main_image = ''``. A product without an ins_v2 entry has no instruction
@@ -35,7 +36,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from webshop import goals as goals_lib
-from webshop.nouns import NounTagger
+from webshop.nouns import GivenNouns, NounTagger
 from webshop.search import check_backend
 
 MISSING_PRICE = 100.0
@@ -111,7 +112,7 @@ def _selected_raw_items(raw_items: list[dict], num_products: int | None) -> list
 
 
 def build_products(raw_items: list[dict], instructions: dict, *, num_products: int | None = None,
-                   price_seed: int = 0, tagger: NounTagger) -> list[Product]:
+                   price_seed: int = 0, tagger: NounTagger | GivenNouns) -> list[Product]:
     """Products from raw items (``items_shuffle`` schema) and the ins_v2 attributes dict."""
     items = _selected_raw_items(raw_items, num_products)
     nouns = tagger.tag([item['name'] for item in items])
@@ -173,10 +174,14 @@ class Catalogue:
     def from_raw(cls, raw: dict, goals: str = 'synthetic', *, num_products: int | None = None,
                  price_seed: int = 0, split_scheme: str = 'paper', cache_dir: Path | None = None,
                  search_backend: str = 'pyserini') -> 'Catalogue':
-        """Build from the raw file contents ``{"items", "attributes", "human"}``."""
+        """Build from the raw file contents ``{"items", "attributes", "human"}``.
+
+        With a ``"title_nouns"`` entry (``{title: [nouns]}``, as the synthetic generator gives), titles are
+        not tagged; otherwise the best installed tagger tags them (``nouns.py``).
+        """
         if goals not in GOAL_KINDS:
             raise ValueError(f'goals must be one of {GOAL_KINDS}, got {goals!r}')
-        tagger = NounTagger()
+        tagger = GivenNouns(raw['title_nouns']) if 'title_nouns' in raw else NounTagger()
         products = build_products(raw['items'], raw['attributes'], num_products=num_products,
                                   price_seed=price_seed, tagger=tagger)
         if goals == 'human':

@@ -7,7 +7,9 @@ original RAW schemas, so the real loader turns them into a `Catalogue`:
   `customization_options`, `images`, `category`, `query`, `product_category`);
 - `attributes`: `items_ins_v2` shape, `{asin: {"attributes", "instruction"?, "instruction_attributes"?}}`;
 - `human`: `items_human_ins` shape, `{asin: [{"instruction", "instruction_attributes",
-  "instruction_options", ...}]}`, one human-style entry per instructed product.
+  "instruction_options", ...}]}`, one human-style entry per instructed product;
+- `title_nouns` (no WebShop file): `{title: [nouns]}`, the nouns of each title, known by construction (the
+  words of its brand and its two product nouns), so the reward's type term does not depend on a POS tagger.
 
 Products come in FAMILIES of 2-4 near misses: same brand, product noun and most title words, but each
 sibling differs from the first in one attribute, in its option values or in its price. An instruction
@@ -213,6 +215,7 @@ _GENERIC_BULLETS = (
     "QUALITY MATERIALS - built to last through daily use",
 )
 _FAMILY_SIZES = (1, 2, 2, 3, 3, 4)
+_FUNCTION_WORDS = ("and", "de")   # in "Shampoo and Conditioner Set", "Eau de Parfum"
 _NEAR_MISS_KINDS = ("attribute", "options", "price")
 
 
@@ -222,19 +225,20 @@ def generate_raw(num_products: int = 1200, seed: int = 0) -> dict:
         raise ValueError(f"num_products must be >= 1, got {num_products}")
     rng = random.Random(seed)
     asins: set[str] = set()
-    items, attributes, human = [], {}, {}
+    items, attributes, human, title_nouns = [], {}, {}, {}
     while len(items) < num_products:
         spec = rng.choice(_SPECS)
         family = _family(rng, spec, min(rng.choice(_FAMILY_SIZES), num_products - len(items)))
         for product in family:
             asin = _new_asin(rng, asins)
             items.append(_raw_item(rng, spec, product, asin))
+            title_nouns[items[-1]["name"]] = _title_nouns(spec, product)
             attributes[asin] = {"attributes": list(product.attributes)}
             if rng.random() < 0.5:
                 instruction, instruction_attributes = _instruction(rng, spec, product)
                 attributes[asin].update(instruction=instruction, instruction_attributes=instruction_attributes)
                 human[asin] = [_human_entry(rng, spec, product, asin)]
-    return {"items": items, "attributes": attributes, "human": human}
+    return {"items": items, "attributes": attributes, "human": human, "title_nouns": title_nouns}
 
 
 def generate_raw_json(num_products: int = 1200, seed: int = 0) -> str:
@@ -309,10 +313,20 @@ def _new_asin(rng: random.Random, taken: set[str]) -> str:
             return asin
 
 
+def _second_noun(spec: _QuerySpec, product: _Product) -> str:
+    return spec.nouns[(spec.nouns.index(product.noun) + 1) % len(spec.nouns)]
+
+
+def _title_nouns(spec: _QuerySpec, product: _Product) -> list[str]:
+    """The lowercased words of the title's brand and two product nouns, less function words and numbers."""
+    words = f"{product.brand} {product.noun} {_second_noun(spec, product)}".lower().split()
+    return [w for w in words if w not in _FUNCTION_WORDS and any(c.isalpha() for c in w)]
+
+
 def _raw_item(rng: random.Random, spec: _QuerySpec, product: _Product, asin: str) -> dict:
-    second_noun = spec.nouns[(spec.nouns.index(product.noun) + 1) % len(spec.nouns)]
     title_attributes = " ".join(a.title() for a in product.attributes[:3])
-    title = f"{product.brand} {product.adjective} {product.noun}, {title_attributes} {second_noun} for {product.use.title()}"
+    title = (f"{product.brand} {product.adjective} {product.noun}, {title_attributes} {_second_noun(spec, product)} "
+             f"for {product.use.title()}")
     if "color" in product.options:
         title += ", " + product.options["color"][0]
     fill = dict(brand=product.brand, noun=product.noun.lower(), adj=product.adjective.lower(), use=product.use,
