@@ -1,6 +1,7 @@
 """The stage graph: which stages a target needs, which are already done, and running the rest.
 
-sft <- explore <- prm <- label <- ppo;  eval <- the stages of the policies in eval.policies;
+sft <- explore <- prm <- label <- ppo (ppo <- sft alone without SPA rewards, an estimator critic or
+offline data);  eval <- the stages of the policies in eval.policies;
 export <- the stage of export.policy ("sft" -> sft, "ppo_<mode>" -> ppo, "untrained" -> none).
 A stage's fingerprint hashes the config sections it reads plus its dependencies' fingerprints,
 so changing an upstream setting redoes everything downstream of it and nothing else.
@@ -24,7 +25,10 @@ _CHAIN = {"sft": (), "explore": ("sft",), "prm": ("explore",), "label": ("prm",)
 
 
 def dependencies(stage: str, cfg: ml_collections.ConfigDict) -> tuple[str, ...]:
-  """The stages whose outputs `stage` reads."""
+  """The stages whose outputs `stage` reads. PPO reads the estimator and labels only when a reward
+  mode, the critic or offline data needs them; otherwise only the SFT policy."""
+  if stage == "ppo" and not ppo_needs_estimator(cfg):
+    return ("sft",)
   if stage in _CHAIN:
     return _CHAIN[stage]
   if stage == "eval":
@@ -33,6 +37,13 @@ def dependencies(stage: str, cfg: ml_collections.ConfigDict) -> tuple[str, ...]:
   if stage == "export":
     return tuple(s for s in [policy_stage(cfg.export.policy)] if s)
   raise ValueError(f"Unknown stage {stage!r}; stages are {STAGES}.")
+
+
+def ppo_needs_estimator(cfg: ml_collections.ConfigDict) -> bool:
+  """Whether the ppo stage reads prm/ or label/: SPA rewards, an estimator-initialised critic or
+  offline PPO (on the labelled exploration trajectories)."""
+  return ("spa" in split_names(cfg.ppo.reward_modes) or cfg.ppo.critic_init == "prm"
+          or cfg.ppo.mode == "offline")
 
 
 def stage_config(stage: str, cfg: ml_collections.ConfigDict) -> dict:

@@ -264,7 +264,9 @@ def targets_batch(shared: Shared, state: PPOState, batch: dict[str, np.ndarray],
            "advantages_bt": targets["advantages_bt"], "returns_bs": targets["returns_bs"]}
   full = batch | {key: prm.to_host(value) for key, value in extra.items()}
   has_steps, steps = batch["step_mask_bs"].any(axis=1), batch["step_mask_bs"] > 0
+  kl_b = prm.to_host(targets["kl_bs"]).sum(axis=1)[has_steps]
   stats = {"kl": float(targets["mean_kl"]), "kl_coef": kl_coef,
+           "kl_stderr": float(kl_b.std(ddof=1) / np.sqrt(kl_b.size)) if kl_b.size > 1 else float("nan"),
            "shaped_return": float(prm.to_host(targets["rewards_bs"]).sum(axis=1)[has_steps].mean()),
            "task_return": float(batch["task_rewards_bs"].sum(axis=1)[has_steps].mean()),
            "explained_variance": explained_variance(full["old_values_bs"][steps], full["returns_bs"][steps])}

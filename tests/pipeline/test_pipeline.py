@@ -97,6 +97,17 @@ def test_eval_depends_on_the_stages_of_its_policies(cfg):
   assert pipeline.dependencies("eval", cfg) == ()
 
 
+def test_ppo_needs_the_estimator_only_for_spa_rewards_an_estimator_critic_or_offline_data(cfg):
+  cfg.eval.policies = "sft,ppo_sparse"
+  cfg.ppo.reward_modes = "sparse,grounding_only"
+  assert pipeline.dependencies("ppo", cfg) == ("sft",)
+  assert run(cfg, FakeStages()) == ["sft", "ppo", "eval"]
+  for setting, value in (("reward_modes", "sparse,spa"), ("critic_init", "prm"), ("mode", "offline")):
+    changed = cfg.copy_and_resolve_references()
+    changed.ppo[setting] = value
+    assert pipeline.dependencies("ppo", changed) == ("label",), setting
+
+
 def test_force_reruns_a_current_stage_and_its_dependents(cfg):
   stages = FakeStages()
   run(cfg, stages)
