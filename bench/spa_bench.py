@@ -5,14 +5,21 @@
     .venv/bin/python bench/spa_bench.py --set ppo.iterations=6 --set explore.max_tasks=32
     .venv/bin/python bench/spa_bench.py --set eval.policies=untrained,sft --set sft.batch_size=2  # SFT recipe
     XLA_PYTHON_CLIENT_PREALLOCATE=false python3 bench/spa_bench.py --jobs 3   # GPU: seeds side by side
+    python3 bench/spa_bench.py --config configs/eval.py:smollm2-135m --seeds 0,1,2,3,4 --jobs 5  # pretrained
 
-Each seed runs `python -m spa_jax.main --config=configs/eval.py --config.seed=<k>` in
-<root>/seed<k>/ (no stage is shared between seeds: SFT, exploration, the estimator and both PPO
-runs all depend on the seed). A rerun reuses finished stages of the same config. Collected per
-seed: the eval report (score = mean reward x 100, success rate, purchase rate, grounding
-accuracy per policy) and the estimator's held-out MSE / Pearson correlation; reported as mean and
-sample standard deviation over seeds. Writes <root>/spa_bench.md and .json, appends the table to
-bench/RESULTS.md and ends with ONE JSON line on stdout.
+Each seed runs `python -m spa_jax.main --config=<config> --config.seed=<k>` (default config
+configs/eval.py) in <root>/seed<k>/ (no stage is shared between seeds: SFT, exploration, the
+estimator and the PPO runs all depend on the seed). A rerun reuses finished stages of the same
+config and resumes PPO from its last checkpoint, so a long run can be a series of short ones.
+Collected per seed: the eval report (score = mean reward x 100, success rate, purchase rate,
+grounding accuracy per policy), the estimator's held-out MSE / Pearson correlation and the PPO
+runs' per-iteration train-rollout curves. Reported: mean, sample standard deviation and the 95%
+confidence interval of the mean (Student t) over seeds; reference rows for the scripted expert and
+the first-result policy on the same goals (bench/reference_policies.py); the paired per-seed
+difference SPA - sparse with its 95% CI; a plot of train-rollout success rate and score against
+PPO iteration per reward mode (mean over seeds, min-max band). Writes <root>/spa_bench.md, .json
+and .png, copies the plot to bench/plots/<--name>.png, appends the table to bench/RESULTS.md and
+ends with ONE JSON line on stdout.
 """
 
 import argparse
@@ -22,15 +29,18 @@ import json
 import os
 import pathlib
 import platform
+import shutil
 import subprocess
 import sys
 import time
 
 import numpy as np
+from scipy import stats
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "RESULTS.md"
 POLICIES = ("sft", "ppo_sparse", "ppo_spa")
+CURVES = ("success_rate", "score")  # train-rollout metrics of each PPO iteration
 METRICS = ("score", "success_rate", "purchase_rate", "grounding", "mean_steps")
 ESTIMATOR = ("heldout_mse", "heldout_pearson", "train_mse", "train_pearson")
 # --quick: the same chain, about a third of the work (fewer tasks, rollouts and PPO iterations).
@@ -38,10 +48,10 @@ QUICK = {"explore.max_tasks": 8, "ppo.iterations": 2, "ppo.rollouts_per_iteratio
          "eval.max_tasks": 8, "eval.policies": ",".join(POLICIES)}
 
 
-def run_seed(root: pathlib.Path, seed: int, overrides: dict[str, str]) -> dict:
-  """Runs (or reuses) the default pipeline of one seed; returns its results and CPU/wall time."""
+def run_seed(root: pathlib.Path, seed: int, overrides: dict[str, str], config: str = "configs/eval.py") -> dict:
+  """Runs (or reuses) the pipeline of one seed; returns its results and CPU/wall time."""
   workdir = root / f"seed{seed}"
-  command = [sys.executable, "-m", "spa_jax.main", "--config=configs/eval.py", f"--workdir={workdir}",
+  command = [sys.executable, "-m", "spa_jax.main", f"--config={config}", f"--workdir={workdir}",
              f"--config.seed={seed}", "--config.tracking.progress=False",
              *(f"--config.{path}={value}" for path, value in overrides.items())]
   started = time.time()
@@ -68,7 +78,66 @@ def collect(workdir: pathlib.Path) -> dict:
     estimator = json.loads(estimator_done.read_text())["summary"]
     result["estimator"] = {key: estimator.get(key) for key in ESTIMATOR}
     result["progress_plot"] = str(workdir / "plots" / "prm_progress.png")
+  result["curves"] = {}
+  for path in sorted((workdir / "metrics").glob("ppo_*.jsonl")):
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    result["curves"][path.stem] = {k: [row.get(k) for row in rows] for k in ("step", *CURVES, "kl")}
   return result
+
+
+def confidence_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
+  """Student-t confidence interval of the mean (nan for fewer than two values)."""
+  values = np.asarray([v for v in values if v is not None], np.float64)
+  if values.size < 2:
+    return float("nan"), float("nan")
+  half = stats.t.ppf(0.5 + level / 2, values.size - 1) * values.std(ddof=1) / np.sqrt(values.size)
+  return float(values.mean() - half), float(values.mean() + half)
+
+
+def paired_difference(seeds: list[dict], a: str, b: str) -> dict[str, dict]:
+  """Per-seed a - b (score and success rate) with mean and 95% CI, over seeds that evaluated both."""
+  both = [s for s in seeds if a in s["policies"] and b in s["policies"]]
+  out = {}
+  for metric in ("score", "success_rate"):
+    diffs = [s["policies"][a][metric] - s["policies"][b][metric] for s in both]
+    out[metric] = {"per_seed": diffs, "mean": float(np.mean(diffs)) if diffs else float("nan"),
+                   "ci95": confidence_interval(diffs)}
+  return out
+
+
+def reference(workdir: pathlib.Path) -> dict[str, dict[str, float]]:
+  """Expert and first-result policy on the workspace's eval goals (bench/reference_policies.py)."""
+  import ml_collections
+
+  from reference_policies import reference_rows
+  from spa_jax.stages import common
+  cfg = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
+  tasks = common.split_tasks(cfg, cfg.env.eval_split, cfg.eval.max_tasks)
+  return reference_rows(common.load_catalogue(cfg), tasks, **common.env_kwargs(cfg))
+
+
+def plot_curves(seeds: list[dict], out: pathlib.Path) -> None:
+  """Train-rollout success rate and score per PPO iteration: mean over seeds, min-max band."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  runs = sorted({name for s in seeds for name in s["curves"]})
+  fig, axes = plt.subplots(1, len(CURVES), figsize=(6 * len(CURVES), 4))
+  for ax, metric in zip(axes, CURVES):
+    for name in runs:
+      series = [np.asarray(s["curves"][name][metric], np.float64) for s in seeds if name in s["curves"]]
+      length = min(len(x) for x in series)
+      stacked = np.stack([x[:length] for x in series])
+      steps = np.arange(1, length + 1)
+      ax.plot(steps, stacked.mean(axis=0), marker=".", label=f"{name} ({len(series)} seeds)")
+      ax.fill_between(steps, stacked.min(axis=0), stacked.max(axis=0), alpha=0.2)
+    ax.set_title(f"train-rollout {metric}")
+    ax.set_xlabel("PPO iteration")
+    ax.grid(alpha=0.3)
+  axes[0].legend()
+  fig.tight_layout()
+  fig.savefig(out, dpi=90)
+  plt.close(fig)
 
 
 def mean_std(values: list) -> tuple[float, float]:
@@ -81,7 +150,11 @@ def mean_std(values: list) -> tuple[float, float]:
 
 def aggregate(seeds: list[dict]) -> dict:
   policies = [p for p in seeds[0]["policies"] if all(p in s["policies"] for s in seeds)]
-  summary = {"policies": {p: {m: mean_std([s["policies"][p][m] for s in seeds]) for m in METRICS} for p in policies}}
+  summary = {"policies": {p: {m: mean_std([s["policies"][p][m] for s in seeds]) for m in METRICS} for p in policies},
+             "ci95": {p: {m: confidence_interval([s["policies"][p][m] for s in seeds]) for m in ("score", "success_rate")}
+                      for p in policies}}
+  if "ppo_spa" in policies and "ppo_sparse" in policies:
+    summary["spa_minus_sparse"] = paired_difference(seeds, "ppo_spa", "ppo_sparse")
   if all("estimator" in s for s in seeds):
     summary["estimator"] = {k: mean_std([s["estimator"][k] for s in seeds]) for k in ESTIMATOR}
   return summary
@@ -89,12 +162,21 @@ def aggregate(seeds: list[dict]) -> dict:
 
 def markdown(seeds: list[dict], summary: dict) -> str:
   n = len(seeds)
-  lines = [f"Mean ± sample std over {n} seed(s) ({', '.join(str(s['seed']) for s in seeds)}); "
-           f"{seeds[0]['eval_tasks']} eval tasks per seed, greedy.", "",
+  lines = [f"Mean ± sample std over {n} seed(s) ({', '.join(str(s['seed']) for s in seeds)}), 95% CI of the "
+           f"mean (Student t) in brackets; {seeds[0]['eval_tasks']} eval tasks per seed, greedy.", "",
            "| policy | score | SR % | purchase % | grounding % | steps |", "|---|---|---|---|---|---|"]
   for policy, metrics in summary["policies"].items():
     cells = [f"{mean:.1f} ± {std:.1f}" for mean, std in (metrics[m] for m in METRICS)]
+    for column, metric in ((0, "score"), (1, "success_rate")):
+      low, high = summary["ci95"][policy][metric]
+      cells[column] += f" [{low:.1f}, {high:.1f}]" if np.isfinite(low) else ""
     lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+  for name, row in summary.get("reference", {}).items():
+    lines.append(f"| {name} (scripted) | {row['score']:.1f} | {row['success_rate']:.1f} | | | |")
+  if diff := summary.get("spa_minus_sparse"):
+    lines += [""] + [f"Paired SPA - sparse, {metric}: mean {d['mean']:+.1f}, 95% CI [{d['ci95'][0]:+.1f}, "
+                     f"{d['ci95'][1]:+.1f}], per seed {', '.join(f'{x:+.1f}' for x in d['per_seed'])}"
+                     for metric, d in diff.items()]
   lines += ["", "Per seed (score): " + "; ".join(
       f"seed {s['seed']}: " + ", ".join(f"{p} {v['score']:.1f}" for p, v in s["policies"].items()) for s in seeds)]
   if est := summary.get("estimator"):
@@ -134,6 +216,8 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+  parser.add_argument("--config", default="configs/eval.py", help="config file[:preset] every seed runs")
+  parser.add_argument("--name", default="spa_bench", help="the learning-curve plot's name under bench/plots/")
   parser.add_argument("--quick", action="store_true", help=f"smaller pipeline: {QUICK}")
   parser.add_argument("--root", default=str(REPO / "runs" / "spa_bench"), help="workspaces go in <root>/seed<k>")
   parser.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="extra config override")
@@ -147,14 +231,21 @@ def main() -> None:
   overrides = {**(QUICK if args.quick else {}), **parse_overrides(args.set)}
   seed_list = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
   with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-    seeds = list(pool.map(lambda seed: run_seed(root, seed, overrides), seed_list))
+    seeds = list(pool.map(lambda seed: run_seed(root, seed, overrides, args.config), seed_list))
   summary = aggregate(seeds)
+  summary["reference"] = reference(pathlib.Path(seeds[0]["workspace"]))
   table = markdown(seeds, summary)
-  report = {"seeds": seeds, "summary": summary, "overrides": overrides}
+  report = {"seeds": seeds, "summary": summary, "overrides": overrides, "config": args.config}
   (root / "spa_bench.json").write_text(json.dumps(report, indent=2) + "\n")
+  if any(s["curves"] for s in seeds):
+    plot_curves(seeds, root / "spa_bench.png")
+    table += f"\n\nLearning curves (train rollouts per PPO iteration): bench/plots/{args.name}.png"
   (root / "spa_bench.md").write_text(table + "\n")
   print(table, file=sys.stderr)
   if not args.no_results:
+    if (root / "spa_bench.png").exists():
+      (REPO / "bench" / "plots").mkdir(exist_ok=True)
+      shutil.copyfile(root / "spa_bench.png", REPO / "bench" / "plots" / f"{args.name}.png")
     append_results(table, " ".join(["python bench/spa_bench.py", *sys.argv[1:]]))
   print(json.dumps({"summary": summary, "root": str(root)}))
 
