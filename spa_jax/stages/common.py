@@ -1,7 +1,7 @@
 """Helpers shared by the stages: catalogue/env settings, tokenizer, model, policies, sampler, rollouts.
 
 Helpers (stage authors, E included: add yours below and list them here):
-  load_catalogue(cfg), catalogue_spec(cfg), env_kwargs(cfg), env_settings(cfg, split), split_tasks(cfg, split, max_tasks)
+  load_catalogue(cfg), env_kwargs(cfg), env_settings(cfg, split), split_tasks(cfg, split, max_tasks)
   load_tokenizer(cfg, ws)                 SentencePiece trained on first use into <ws>/tokenizer/, or the HF one
   model_config(cfg, tokenizer)            LlamaConfig: preset + model.arch (+ the tokenizer's vocab) or HF config.json
   make_mesh(cfg)                          the (data, fsdp, tensor) mesh of config.mesh
@@ -66,14 +66,6 @@ def _source_and_goals(cfg) -> tuple[str, str]:
   return str(pathlib.Path(cfg.env.data_dir).expanduser().resolve()), cfg.env.goals
 
 
-def catalogue_spec(cfg: ml_collections.ConfigDict):
-  """The picklable catalogue name EnvPool workers rebuild it from."""
-  from webshop.pool import CatalogueSpec
-  source, goals = _source_and_goals(cfg)
-  backend = {"search_backend": cfg.env.search_backend} if cfg.env.search_backend else {}
-  return CatalogueSpec(source=source, goals=goals, **backend)
-
-
 def env_kwargs(cfg: ml_collections.ConfigDict) -> dict:
   """WebShopEnv keyword arguments from config.env."""
   return dict(observation_mode=cfg.env.observation_mode, max_steps=cfg.env.max_steps)
@@ -96,10 +88,11 @@ def split_tasks(cfg: ml_collections.ConfigDict, split: str, max_tasks: int | Non
 
 
 def open_pool(cfg: ml_collections.ConfigDict, num_envs: int | None = None):
-  """An EnvPool of `num_envs` (default config.env.num_envs) envs; use it as a context manager."""
+  """An EnvPool of `num_envs` (default config.env.num_envs) envs over this process's catalogue (the
+  one every stage reads); use it as a context manager."""
   from webshop import EnvPool
   num_envs = num_envs or cfg.env.num_envs
-  return EnvPool(catalogue_spec(cfg), num_envs=num_envs, num_workers=max(1, min(cfg.env.pool_workers, num_envs)),
+  return EnvPool(load_catalogue(cfg), num_envs=num_envs, num_workers=max(1, min(cfg.env.pool_workers, num_envs)),
                  seed=cfg.seed, **env_kwargs(cfg))
 
 
