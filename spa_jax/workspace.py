@@ -12,14 +12,22 @@ Layout (documented in WORKSPACE.md):
   plots/<name>.png, reports/<name>.json
 """
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import pathlib
+import socket
 import time
-from typing import Any
+from typing import Any, Iterator
 
 DONE_FILE = "DONE.json"
+LOCK_FILE = "lock"
+
+
+class WorkspaceBusy(RuntimeError):
+  """Another run holds the workspace."""
 
 
 def canonical_json(obj: Any) -> str:
@@ -116,6 +124,27 @@ class Workspace:
         "stage": stage, "fingerprint": stage_fingerprint, "inputs": inputs, "files": files or {},
         "outputs": {str(rel): digests.digest(self.root / rel) for rel in outputs},
         "summary": summary, "finished_at": time.time()})
+
+  @contextlib.contextmanager
+  def lock(self) -> Iterator[None]:
+    """Holds the workspace for one run (an exclusive flock on `<root>/lock`, released when the process
+    ends, even by SIGKILL); raises WorkspaceBusy at once, naming the holder, while another run holds it."""
+    self.root.mkdir(parents=True, exist_ok=True)
+    with open(self.root / LOCK_FILE, "a+") as f:
+      try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        raise WorkspaceBusy(f"Workspace {self.root} is in use by {holder}: wait for that run to end (or stop "
+                            "it), or pass another --workdir.") from None
+      f.truncate(0)
+      f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+      f.flush()
+      try:
+        yield
+      finally:
+        f.truncate(0)  # the holder's note goes with the lock
 
   def clear_done(self, stage: str) -> None:
     (self.root / stage / DONE_FILE).unlink(missing_ok=True)
