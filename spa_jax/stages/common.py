@@ -3,6 +3,7 @@
 Helpers (stage authors, E included: add yours below and list them here):
   load_catalogue(cfg), env_kwargs(cfg), env_settings(cfg, split), split_tasks(cfg, split, max_tasks)
   load_tokenizer(cfg, ws)                 SentencePiece trained on first use into <ws>/tokenizer/, or the HF one
+                                          (checked against agent.max_context: check_agent_context)
   model_config(cfg, tokenizer)            LlamaConfig: preset + model.arch (+ the tokenizer's vocab) or HF config.json
   make_mesh(cfg)                          the (data, fsdp, tensor) mesh of config.mesh
   init_policy(cfg, tokenizer, mesh)       (LlamaConfig, Llama): HF weights (model.hf_path) or random init (seed)
@@ -20,6 +21,7 @@ import functools
 import json
 import logging
 import pathlib
+import re
 
 import jax
 import ml_collections
@@ -110,7 +112,27 @@ def tokenizer_corpus(catalogue) -> list[str]:
 
 def load_tokenizer(cfg: ml_collections.ConfigDict, ws: Workspace) -> Tokenizer:
   """HF tokenizer (tokenizer.path or model.hf_path), or SentencePiece: tokenizer.path if set, else
-  trained on the catalogue's texts at first use and kept in <ws>/tokenizer/ (process 0 trains it)."""
+  trained on the catalogue's texts at first use and kept in <ws>/tokenizer/ (process 0 trains it).
+  Raises ValueError when agent.max_context cannot hold an episode's first turn."""
+  tokenizer = _tokenizer(cfg, ws)
+  check_agent_context(cfg, tokenizer)
+  return tokenizer
+
+
+def check_agent_context(cfg: ml_collections.ConfigDict, tokenizer: Tokenizer) -> None:
+  """A ValueError naming agent.max_context when the prompt and a first observation fill it (every episode
+  would end before its first step)."""
+  from webshop import WebShopEnv
+  observation, _ = WebShopEnv(load_catalogue(cfg), **env_kwargs(cfg)).reset(0)
+  ids, _ = tokenizer.encode_chat(list(af.start_conversation(observation, cfg.agent.one_shot).messages),
+                                 add_generation_prompt=True)
+  if len(ids) >= cfg.agent.max_context:
+    raise ValueError(f"config.agent.max_context={cfg.agent.max_context} cannot hold an episode's first turn "
+                     f"({len(ids)} tokens of prompt and observation): pass --config.agent.max_context="
+                     f"{len(ids) + 1024} or more")
+
+
+def _tokenizer(cfg: ml_collections.ConfigDict, ws: Workspace) -> Tokenizer:
   if cfg.tokenizer.kind == "hf":
     return HFTokenizer(cfg.tokenizer.path or cfg.model.hf_path)
   if cfg.tokenizer.path:
@@ -118,8 +140,16 @@ def load_tokenizer(cfg: ml_collections.ConfigDict, ws: Workspace) -> Tokenizer:
   def train() -> SentencePieceTokenizer:
     catalogue = load_catalogue(cfg)
     product_ids = [p.asin for p in catalogue.products] if cfg.tokenizer.atomic_product_ids else []
-    return SentencePieceTokenizer.train_or_load(tokenizer_corpus(catalogue), ws.root / TOKENIZER_DIR,
-                                                cfg.tokenizer.vocab_size, atomic_symbols=product_ids)
+    try:
+      return SentencePieceTokenizer.train_or_load(tokenizer_corpus(catalogue), ws.root / TOKENIZER_DIR,
+                                                  cfg.tokenizer.vocab_size, atomic_symbols=product_ids)
+    except RuntimeError as error:
+      shortfall = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", str(error))
+      if not shortfall:
+        raise
+      need = cfg.tokenizer.vocab_size + int(shortfall[2]) - int(shortfall[1])
+      raise ValueError(f"config.tokenizer.vocab_size={cfg.tokenizer.vocab_size} is too small for the characters of "
+                       f"this catalogue's texts: pass --config.tokenizer.vocab_size={need} or more") from None
 
   if distributed.is_main_process():
     tokenizer = train()

@@ -186,3 +186,15 @@ def test_fallback_noun_tagger_keeps_nouns_and_unknown_words():
     [tagged] = tagger.tag(['Vhomes Reclaimed Wood Console Table with Two Sofa-Tables, Table (Black) 12 pcs'])
     assert tagged.tokens == {'vhomes', 'wood', 'console', 'table', 'sofa', 'tables', 'black', 'pcs'}
     assert tagged.count == 9                      # "table" twice
+
+
+def test_a_truncated_or_wrong_data_file_is_named_with_the_fix(tmp_path):
+    raw = tiny_raw()
+    items = tmp_path / 'items_shuffle_25.json'
+    items.write_text(json.dumps(raw['items'])[:500])
+    (tmp_path / 'items_ins_v2_25.json').write_text(json.dumps(raw['attributes']))
+    with pytest.raises(ValueError, match=f'^{items} is not valid JSON .* truncated or damaged: download it again$'):
+        Catalogue.from_dir(tmp_path)
+    items.write_text('{}')
+    with pytest.raises(ValueError, match=f'^{items} holds a JSON dict, expected a list'):
+        Catalogue.from_dir(tmp_path)
