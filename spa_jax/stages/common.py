@@ -13,7 +13,8 @@ Helpers (stage authors, E included: add yours below and list them here):
   open_pool(cfg)                          webshop.EnvPool with cfg.env.num_envs envs
   make_sampler(cfg, model_cfg, graphdef, tokenizer, mesh)   one Sampler row per env; reuse across policies
   rollout(cfg, ws, policy=, sampler=, params=, tasks=, ...)  batched episodes -> trajectories/<name>.p<k>.jsonl
-  stage_config_hash(cfg, stage)           hash of the config sections a stage reads (checkpoint resume guard)
+  stage_config_hash(cfg, stage)           hash of the config sections a stage reads and of the files they name
+                                          (checkpoint resume guard)
 """
 
 import contextlib
@@ -29,6 +30,7 @@ from flax import nnx
 
 from spa_jax import distributed, pipeline
 from spa_jax.configuration import UNTRAINED
+from spa_jax.digests import DigestCache
 from spa_jax.models import Llama, LlamaConfig, load_hf, save_hf
 from spa_jax.models.tokenizer import HFTokenizer, SentencePieceTokenizer, Tokenizer
 from spa_jax.rollout import agent_format as af
@@ -214,8 +216,10 @@ def load_policy(cfg: ml_collections.ConfigDict, ws: Workspace, name: str, tokeni
 
 
 def stage_config_hash(cfg: ml_collections.ConfigDict, stage: str) -> str:
-  """Hash of the config sections `stage` reads: a checkpoint from another config is not resumed."""
-  return config_hash(pipeline.stage_config(stage, cfg))
+  """Hash of the config sections `stage` reads and of the content of the files they name: a checkpoint
+  from another config or other data is not resumed."""
+  return config_hash({"config": pipeline.stage_config(stage, cfg),
+                      "files": pipeline.file_digests(stage, cfg, DigestCache())})
 
 
 # ----------------------------------------------------------------------------- rollouts
