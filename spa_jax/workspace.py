@@ -2,8 +2,9 @@
 
 Layout (documented in WORKSPACE.md):
   config.json                 the full config of the latest invocation
+  lock                        flock-ed by the run using the workspace (`Workspace.lock`)
   <stage>/config.json         the config the stage last ran with
-  <stage>/DONE.json           fingerprint + summary, written when the stage finishes
+  <stage>/DONE.json           fingerprint, input and output digests, summary; written when the stage finishes
   checkpoints/<stage>/        Orbax checkpoints
   trajectories/<name>.p<k>.jsonl  one trajectory per line, written by process k
   arrayrecord/<name>/         optional tensorflow-datasets ArrayRecord copy
