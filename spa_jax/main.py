@@ -36,10 +36,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                       flag_values=flag_values)
 
 
-def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
+def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing where a bad flag (e.g. a mistyped --config.<field>) exits with one line, not a traceback."""
   try:
-    return flag_values(argv)
+    return flags.FLAGS(argv)
   except (flags.Error, AttributeError, KeyError) as error:  # ml_collections raises the last two for unknown fields
     while error.args and isinstance(error.args[0], Exception):
       error = error.args[0]

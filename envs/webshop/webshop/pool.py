@@ -1,9 +1,9 @@
 """`EnvPool`: a batch of `WebShopEnv`s spread over host worker processes.
 
-Each worker hosts a contiguous block of envs that share ONE read-only catalogue (the parent's own, built
-from the files at pool creation and handed to each worker when it starts; no catalogue file is cached, so
-workers always see the files the parent read) and ONE search engine (one JVM per worker with the "pyserini" search backend,
-none with "bm25"). `reset` and `step` scatter one message per worker and gather the replies, so a batch
+Each worker hosts a contiguous block of envs that share ONE read-only catalogue (the parent's own, read
+from the files at pool creation and handed to each worker as it starts; no catalogue file is cached, so
+workers serve exactly what the parent read) and ONE search engine (one JVM per worker with the "pyserini"
+search backend, none with "bm25"). `reset` and `step` scatter one message per worker and gather the replies, so a batch
 costs one round trip. Workers are started with the "spawn" context (the parent may hold JAX threads;
 forking it is unsafe).
 
