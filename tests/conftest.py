@@ -1,5 +1,7 @@
 """Shared test fixtures."""
 
+import os
+
 import jax
 import pytest
 
@@ -8,6 +10,12 @@ import pytest
 jax.config.update("jax_default_matmul_precision", "highest")
 
 from spa_jax.models import LlamaConfig, RopeScaling
+
+
+@pytest.fixture(scope="session", autouse=True)
+def digest_cache_dir(tmp_path_factory):
+  """Content digests (spa_jax.digests) cached in the session's temporary directory, not the user's."""
+  os.environ.setdefault("SPA_JAX_CACHE_DIR", str(tmp_path_factory.mktemp("spa_jax_cache")))
 
 
 @pytest.fixture(scope="session")

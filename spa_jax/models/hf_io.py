@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from spa_jax.models.config import LlamaConfig
@@ -52,17 +52,33 @@ def hf_key(path: StatePath) -> tuple[str, bool]:
   raise ValueError(f"Parameter {path} has no Hugging Face Llama counterpart.")
 
 
+def _damaged(path: Path, error: Exception) -> ValueError:
+  return ValueError(f"{path} is not a readable safetensors file ({error}): it is truncated or damaged; "
+                    "rerun the stage that wrote it (--config.run.force=<stage>) or copy it again.")
+
+
+def _read_json_file(path: Path) -> dict:
+  try:
+    return json.loads(path.read_text())
+  except ValueError as error:
+    raise ValueError(f"{path} is not valid JSON ({error}): it is truncated or damaged; rerun the stage "
+                     "that wrote it (--config.run.force=<stage>) or copy it again.") from None
+
+
 class _CheckpointReader:
   """Tensor-by-tensor access to a (possibly sharded) safetensors checkpoint."""
 
   def __init__(self, directory: Path):
     index_path, single_path = directory / INDEX_FILE, directory / SINGLE_FILE
     if index_path.exists():
-      weight_map = json.loads(index_path.read_text())["weight_map"]
+      weight_map = _read_json_file(index_path)["weight_map"]
       self.files = {key: directory / name for key, name in weight_map.items()}
     elif single_path.exists():
-      with safe_open(single_path, framework="numpy") as f:
-        self.files = {key: single_path for key in f.keys()}
+      try:
+        with safe_open(single_path, framework="numpy") as f:
+          self.files = {key: single_path for key in f.keys()}
+      except SafetensorError as error:
+        raise _damaged(single_path, error) from None
     else:
       raise FileNotFoundError(f"No {SINGLE_FILE} or {INDEX_FILE} in {directory}.")
     self.directory = directory
@@ -70,8 +86,11 @@ class _CheckpointReader:
   def read(self, key: str, expected_shape: tuple[int, ...]) -> np.ndarray:
     if key not in self.files:
       raise KeyError(f"Checkpoint {self.directory} lacks tensor {key!r} (expected shape {expected_shape}).")
-    with safe_open(self.files[key], framework="numpy") as f:  # unmapped again after each tensor
-      return f.get_tensor(key)
+    try:
+      with safe_open(self.files[key], framework="numpy") as f:  # unmapped again after each tensor
+        return f.get_tensor(key)
+    except (SafetensorError, FileNotFoundError) as error:
+      raise _damaged(self.files[key], error) from None
 
 
 def _to_device(host: np.ndarray, sharding: NamedSharding | None) -> jax.Array:
@@ -97,7 +116,7 @@ def load_hf(
     config_path = directory / CONFIG_FILE
     if not config_path.exists():
       raise FileNotFoundError(f"No {CONFIG_FILE} in {directory}; pass cfg= or export one with save_hf.")
-    cfg = LlamaConfig.from_hf_dict(json.loads(config_path.read_text()))
+    cfg = LlamaConfig.from_hf_dict(_read_json_file(config_path))
   cfg = cfg.replace(**{k: v for k, v in overrides.items() if v is not None})
 
   graphdef, abstract_state = nnx.split(nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0))))

@@ -254,8 +254,12 @@ def conversation_from_fastchat(record: dict) -> Conversation:
 
 def read_fastchat_sft(path: str | pathlib.Path) -> list[Conversation]:
   """All conversations of an ETO/SPA-RL `webshop_sft.json` file."""
-  with open(path) as f:
-    records = json.load(f)
+  try:
+    with open(path) as f:
+      records = json.load(f)
+  except ValueError as error:
+    raise ValueError(f"{path} is not valid JSON ({error}): the SFT data file is empty, truncated or damaged; "
+                     "download webshop_sft.json again or pass --config.sft.data=expert") from None
   if not isinstance(records, list):
     raise ValueError(f"{path}: expected a JSON list of FastChat records")
   return [conversation_from_fastchat(record) for record in records]

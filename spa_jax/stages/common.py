@@ -1,8 +1,9 @@
 """Helpers shared by the stages: catalogue/env settings, tokenizer, model, policies, sampler, rollouts.
 
 Helpers (stage authors, E included: add yours below and list them here):
-  load_catalogue(cfg), catalogue_spec(cfg), env_kwargs(cfg), env_settings(cfg, split), split_tasks(cfg, split, max_tasks)
+  load_catalogue(cfg), env_kwargs(cfg), env_settings(cfg, split), split_tasks(cfg, split, max_tasks)
   load_tokenizer(cfg, ws)                 SentencePiece trained on first use into <ws>/tokenizer/, or the HF one
+                                          (checked against agent.max_context: check_agent_context)
   model_config(cfg, tokenizer)            LlamaConfig: preset + model.arch (+ the tokenizer's vocab) or HF config.json
   make_mesh(cfg)                          the (data, fsdp, tensor) mesh of config.mesh
   init_policy(cfg, tokenizer, mesh)       (LlamaConfig, Llama): HF weights (model.hf_path) or random init (seed)
@@ -12,7 +13,8 @@ Helpers (stage authors, E included: add yours below and list them here):
   open_pool(cfg)                          webshop.EnvPool with cfg.env.num_envs envs
   make_sampler(cfg, model_cfg, graphdef, tokenizer, mesh)   one Sampler row per env; reuse across policies
   rollout(cfg, ws, policy=, sampler=, params=, tasks=, ...)  batched episodes -> trajectories/<name>.p<k>.jsonl
-  stage_config_hash(cfg, stage)           hash of the config sections a stage reads (checkpoint resume guard)
+  stage_config_hash(cfg, stage)           hash of the config sections a stage reads and of the files they name
+                                          (checkpoint resume guard)
 """
 
 import contextlib
@@ -20,6 +22,7 @@ import functools
 import json
 import logging
 import pathlib
+import re
 
 import jax
 import ml_collections
@@ -27,6 +30,7 @@ from flax import nnx
 
 from spa_jax import distributed, pipeline
 from spa_jax.configuration import UNTRAINED
+from spa_jax.digests import DigestCache
 from spa_jax.models import Llama, LlamaConfig, load_hf, save_hf
 from spa_jax.models.tokenizer import HFTokenizer, SentencePieceTokenizer, Tokenizer
 from spa_jax.rollout import agent_format as af
@@ -66,14 +70,6 @@ def _source_and_goals(cfg) -> tuple[str, str]:
   return str(pathlib.Path(cfg.env.data_dir).expanduser().resolve()), cfg.env.goals
 
 
-def catalogue_spec(cfg: ml_collections.ConfigDict):
-  """The picklable catalogue name EnvPool workers rebuild it from."""
-  from webshop.pool import CatalogueSpec
-  source, goals = _source_and_goals(cfg)
-  backend = {"search_backend": cfg.env.search_backend} if cfg.env.search_backend else {}
-  return CatalogueSpec(source=source, goals=goals, **backend)
-
-
 def env_kwargs(cfg: ml_collections.ConfigDict) -> dict:
   """WebShopEnv keyword arguments from config.env."""
   return dict(observation_mode=cfg.env.observation_mode, max_steps=cfg.env.max_steps)
@@ -96,10 +92,11 @@ def split_tasks(cfg: ml_collections.ConfigDict, split: str, max_tasks: int | Non
 
 
 def open_pool(cfg: ml_collections.ConfigDict, num_envs: int | None = None):
-  """An EnvPool of `num_envs` (default config.env.num_envs) envs; use it as a context manager."""
+  """An EnvPool of `num_envs` (default config.env.num_envs) envs over this process's catalogue (the
+  one every stage reads); use it as a context manager."""
   from webshop import EnvPool
   num_envs = num_envs or cfg.env.num_envs
-  return EnvPool(catalogue_spec(cfg), num_envs=num_envs, num_workers=max(1, min(cfg.env.pool_workers, num_envs)),
+  return EnvPool(load_catalogue(cfg), num_envs=num_envs, num_workers=max(1, min(cfg.env.pool_workers, num_envs)),
                  seed=cfg.seed, **env_kwargs(cfg))
 
 
@@ -117,7 +114,27 @@ def tokenizer_corpus(catalogue) -> list[str]:
 
 def load_tokenizer(cfg: ml_collections.ConfigDict, ws: Workspace) -> Tokenizer:
   """HF tokenizer (tokenizer.path or model.hf_path), or SentencePiece: tokenizer.path if set, else
-  trained on the catalogue's texts at first use and kept in <ws>/tokenizer/ (process 0 trains it)."""
+  trained on the catalogue's texts at first use and kept in <ws>/tokenizer/ (process 0 trains it).
+  Raises ValueError when agent.max_context cannot hold an episode's first turn."""
+  tokenizer = _tokenizer(cfg, ws)
+  check_agent_context(cfg, tokenizer)
+  return tokenizer
+
+
+def check_agent_context(cfg: ml_collections.ConfigDict, tokenizer: Tokenizer) -> None:
+  """A ValueError naming agent.max_context when the prompt and a first observation fill it (every episode
+  would end before its first step)."""
+  from webshop import WebShopEnv
+  observation, _ = WebShopEnv(load_catalogue(cfg), **env_kwargs(cfg)).reset(0)
+  ids, _ = tokenizer.encode_chat(list(af.start_conversation(observation, cfg.agent.one_shot).messages),
+                                 add_generation_prompt=True)
+  if len(ids) >= cfg.agent.max_context:
+    raise ValueError(f"config.agent.max_context={cfg.agent.max_context} cannot hold an episode's first turn "
+                     f"({len(ids)} tokens of prompt and observation): pass --config.agent.max_context="
+                     f"{len(ids) + 1024} or more")
+
+
+def _tokenizer(cfg: ml_collections.ConfigDict, ws: Workspace) -> Tokenizer:
   if cfg.tokenizer.kind == "hf":
     return HFTokenizer(cfg.tokenizer.path or cfg.model.hf_path)
   if cfg.tokenizer.path:
@@ -125,8 +142,16 @@ def load_tokenizer(cfg: ml_collections.ConfigDict, ws: Workspace) -> Tokenizer:
   def train() -> SentencePieceTokenizer:
     catalogue = load_catalogue(cfg)
     product_ids = [p.asin for p in catalogue.products] if cfg.tokenizer.atomic_product_ids else []
-    return SentencePieceTokenizer.train_or_load(tokenizer_corpus(catalogue), ws.root / TOKENIZER_DIR,
-                                                cfg.tokenizer.vocab_size, atomic_symbols=product_ids)
+    try:
+      return SentencePieceTokenizer.train_or_load(tokenizer_corpus(catalogue), ws.root / TOKENIZER_DIR,
+                                                  cfg.tokenizer.vocab_size, atomic_symbols=product_ids)
+    except RuntimeError as error:
+      shortfall = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", str(error))
+      if not shortfall:
+        raise
+      need = cfg.tokenizer.vocab_size + int(shortfall[2]) - int(shortfall[1])
+      raise ValueError(f"config.tokenizer.vocab_size={cfg.tokenizer.vocab_size} is too small for the characters of "
+                       f"this catalogue's texts: pass --config.tokenizer.vocab_size={need} or more") from None
 
   if distributed.is_main_process():
     tokenizer = train()
@@ -191,8 +216,10 @@ def load_policy(cfg: ml_collections.ConfigDict, ws: Workspace, name: str, tokeni
 
 
 def stage_config_hash(cfg: ml_collections.ConfigDict, stage: str) -> str:
-  """Hash of the config sections `stage` reads: a checkpoint from another config is not resumed."""
-  return config_hash(pipeline.stage_config(stage, cfg))
+  """Hash of the config sections `stage` reads and of the content of the files they name: a checkpoint
+  from another config or other data is not resumed."""
+  return config_hash({"config": pipeline.stage_config(stage, cfg),
+                      "files": pipeline.file_digests(stage, cfg, DigestCache())})
 
 
 # ----------------------------------------------------------------------------- rollouts

@@ -1,7 +1,9 @@
 """Eval stage: greedy episodes of every policy in eval.policies on the eval split (spa-rl.md §5).
 
 Per policy: score (mean reward x 100), success rate (r == 1), purchase rate, grounding accuracy,
-mean steps. Writes trajectories/eval_<policy>.p<k>.jsonl, reports/eval.json (with the env
+mean steps over the episodes that ran to their end ("episodes"); episodes lost to a failed env worker
+(termination "env_failed") are counted apart ("failed") and left out of every mean: they say nothing
+about the policy, and a 0 for them would lower its score. Writes trajectories/eval_<policy>.p<k>.jsonl, reports/eval.json (with the env
 settings: catalogue, split, observation mode, noun tagger, search backend) and plots/eval.png.
 """
 
@@ -18,8 +20,18 @@ from spa_jax.stages import common
 from spa_jax.workspace import Workspace, write_json_atomic
 
 TABLE_COLUMNS = (("score", "score"), ("success_rate", "SR %"), ("purchase_rate", "purchase %"),
-                 ("grounding", "grounding %"), ("mean_steps", "steps"), ("episodes", "episodes"))
+                 ("grounding", "grounding %"), ("mean_steps", "steps"), ("episodes", "episodes"),
+                 ("failed", "failed"))
+COUNT_COLUMNS = ("episodes", "failed")
 REPORT = "eval"
+ENV_FAILED = "env_failed"
+
+
+def policy_metrics(records: list[dict]) -> dict:
+  """`episodes.summarize` of the episodes that ran to their end, plus "failed": those lost to a failed
+  env worker, which no mean includes."""
+  completed = [r for r in records if r["termination"] != ENV_FAILED]
+  return {**episodes.summarize(completed), "failed": len(records) - len(completed)}
 
 
 def format_table(policies: dict[str, dict], order: list[str] | None = None) -> str:
@@ -28,7 +40,7 @@ def format_table(policies: dict[str, dict], order: list[str] | None = None) -> s
   width = max([len("policy")] + [len(p) for p in policies])
   header = "policy".ljust(width) + "".join(f"{title:>13}" for _, title in TABLE_COLUMNS)
   rows = [policy.ljust(width) + "".join(
-      f"{metrics.get(key, float('nan')):>13.1f}" if key != "episodes" else f"{metrics.get(key, 0):>13d}"
+      f"{metrics.get(key, float('nan')):>13.1f}" if key not in COUNT_COLUMNS else f"{metrics.get(key, 0):>13d}"
       for key, _ in TABLE_COLUMNS) for policy, metrics in policies.items()]
   return "\n".join([header, "-" * len(header), *rows])
 
@@ -50,7 +62,7 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
                      temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
                      max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed, pool=pool)
       distributed.barrier(f"eval-{policy}")
-      results[policy] = episodes.summarize(read_trajectories(ws, name))
+      results[policy] = policy_metrics(read_trajectories(ws, name))
       outputs += [str(path) for path in ws.trajectory_shards(name)]
       logging.info("eval %s: %s", policy, results[policy])
   report = {"split": cfg.env.eval_split, "tasks": len(tasks), "temperature": cfg.eval.temperature,

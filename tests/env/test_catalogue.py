@@ -173,3 +173,15 @@ def test_package_imports_neither_jax_nor_spa_jax():
     code = ('import sys, webshop; bad = [m for m in sys.modules if m.split(".")[0] in ("jax", "spa_jax")]; '
             'assert not bad, bad')
     subprocess.run([sys.executable, '-c', code], check=True)
+
+
+def test_a_truncated_or_wrong_data_file_is_named_with_the_fix(tmp_path):
+    raw = tiny_raw()
+    items = tmp_path / 'items_shuffle_25.json'
+    items.write_text(json.dumps(raw['items'])[:500])
+    (tmp_path / 'items_ins_v2_25.json').write_text(json.dumps(raw['attributes']))
+    with pytest.raises(ValueError, match=f'^{items} is not valid JSON .* truncated or damaged: download it again$'):
+        Catalogue.from_dir(tmp_path)
+    items.write_text('{}')
+    with pytest.raises(ValueError, match=f'^{items} holds a JSON dict, expected a list'):
+        Catalogue.from_dir(tmp_path)

@@ -1,5 +1,6 @@
 """EnvPool: same results as in-process envs, deterministic, survives killed and hung workers."""
 
+import json
 import os
 import signal
 import time
@@ -11,7 +12,8 @@ import pytest
 from webshop.catalogue import Catalogue
 from webshop.env import WebShopEnv
 from webshop.expert import ScriptedExpert, action_of
-from webshop.pool import CatalogueSpec, EnvPool, cached_catalogue_path, load_cached_catalogue
+from webshop.pool import CatalogueSpec, EnvPool
+from webshop.synthetic import generate_raw
 
 NUM_ENVS = 6
 
@@ -126,23 +128,36 @@ def test_bm25_pool_gives_the_same_episodes_without_a_jvm(pool, catalogue):
     assert all(_runs_a_jvm(pid) for pid in pool.worker_pids)   # the pyserini workers do
 
 
-def test_bad_arguments_are_rejected_clearly(catalogue):
-    with pytest.raises(TypeError, match="CatalogueSpec"):
-        CatalogueSpec.parse(catalogue)
+def test_bad_arguments_are_rejected_clearly():
+    with pytest.raises(TypeError, match="a catalogue must be a Catalogue, a CatalogueSpec"):
+        EnvPool(42, num_envs=2, num_workers=1)
     with pytest.raises(ValueError, match="num_workers"):
         EnvPool("embedded", num_envs=2, num_workers=3)
-
-
-def test_catalogue_pickle_is_written_once_and_loads_the_same_catalogue(tmp_path, catalogue):
-    path = cached_catalogue_path(CatalogueSpec("embedded"), tmp_path)
-    stamp = path.stat().st_mtime_ns
-    assert cached_catalogue_path(CatalogueSpec.parse("embedded"), tmp_path) == path
-    assert path.stat().st_mtime_ns == stamp
-    loaded = load_cached_catalogue(path)
-    assert loaded.products == catalogue.products and loaded.goals == catalogue.goals
-    assert loaded.search_backend == "pyserini" and "search_engine" not in vars(loaded)
-    bm25_path = cached_catalogue_path(CatalogueSpec("embedded", search_backend="bm25"), tmp_path)
-    assert bm25_path != path and load_cached_catalogue(bm25_path).search_backend == "bm25"
-    assert loaded.split("test") == catalogue.split("test")
     with pytest.raises(ValueError, match="embedded catalogue has fixed size"):
         CatalogueSpec("embedded", goals="human").build()
+
+
+def _write_data_dir(directory, seed: int) -> None:
+    raw = generate_raw(num_products=40, seed=seed)
+    (directory / "items_shuffle_40.json").write_text(json.dumps(raw["items"]))
+    (directory / "items_ins_v2_40.json").write_text(json.dumps(raw["attributes"]))
+
+
+def test_a_pool_serves_the_data_files_as_they_are_now_and_caches_no_catalogue(tmp_path, monkeypatch):
+    """Data files replaced in place (same directory) are what the next pool's workers serve; the pool
+    writes no catalogue file that a later pool (or another user) could load."""
+    cache_dir = tmp_path / "cache"
+    monkeypatch.setenv("WEBSHOP_CACHE_DIR", str(cache_dir))
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    spec = CatalogueSpec(str(data_dir), search_backend="bm25")
+    first_goals = []
+    for seed in (1, 2):
+        _write_data_dir(data_dir, seed)
+        expected = Catalogue.from_dir(data_dir, search_backend="bm25").goals[0]["instruction_text"]
+        with EnvPool(spec, num_envs=1, num_workers=1) as pool:
+            _, infos = pool.reset([0])
+        assert infos[0]["goal"]["instruction_text"] == expected
+        first_goals.append(expected)
+    assert first_goals[0] != first_goals[1]
+    assert not cache_dir.exists() or not any(cache_dir.rglob("*"))

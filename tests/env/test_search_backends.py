@@ -7,10 +7,11 @@ from types import SimpleNamespace
 import pytest
 
 from webshop.catalogue import Catalogue
+from webshop.english_analyzer import analyze
 from webshop.env import WebShopEnv
 from webshop.expert import ScriptedExpert, action_of
 from webshop.pool import CatalogueSpec
-from webshop.search import SearchEngine
+from webshop.search import MAX_QUERY_TERMS, InvalidQuery, SearchEngine
 
 NUM_EXPERT_GOALS = 25
 NUM_RANDOM_EPISODES = 30
@@ -75,6 +76,39 @@ def test_bm25_engine_shares_the_debug_prefixes_and_needs_no_index_files(catalogu
     reseeded = SearchEngine(products, tmp_path, backend='bm25')
     assert reseeded.search('<r>') == SearchEngine(products, tmp_path, backend='bm25').search('<r>')
     assert bm25.search('red cotton shirt') is not bm25.search('red cotton shirt')   # cached, yet a fresh list
+
+
+def _distinct_words(count: int, catalogue: Catalogue) -> list[str]:
+    """`count` words, catalogue title words first (the numpy backend would rank them), each its own analyzed term."""
+    candidates = [w for p in catalogue.products for w in p.title.lower().split()] + [f'zq{i}x' for i in range(count)]
+    words, terms = [], set()
+    for word in candidates:
+        analyzed = analyze(word)
+        if len(analyzed) == 1 and analyzed[0] not in terms:
+            words.append(word)
+            terms.add(analyzed[0])
+    assert len(words) >= count
+    return words[:count]
+
+
+@pytest.mark.parametrize('backend', ['pyserini', 'bm25'])
+def test_queries_no_backend_can_run_are_invalid_no_ops_that_leave_the_episode_intact(catalogues, backend):
+    """2,000 distinct terms (Lucene's clause limit is 1,024) or a lone surrogate: info["valid"] is False,
+    the page is unchanged, and the episode goes on (the next click works)."""
+    catalogue = catalogues[backend]
+    env = WebShopEnv(catalogue, max_steps=10)
+    env.reset(0)
+    results_page, *_ = env.step('search[red shirt]')
+    clickable = env.available_actions()['clickables'][-1]
+    for query in [' '.join(_distinct_words(2000, catalogue)), 'red shirt \ud800']:
+        with pytest.raises(InvalidQuery):
+            catalogue.search_engine.search(query)
+        obs, reward, terminated, truncated, info = env.step(f'search[{query}]')
+        assert (obs, reward, terminated, truncated, info['valid']) == (results_page, 0.0, False, False, False)
+    obs, _, _, _, info = env.step(f'click[{clickable}]')
+    assert info['valid'] and obs != results_page
+    longest = ' '.join(_distinct_words(MAX_QUERY_TERMS, catalogue))   # the limit itself still searches
+    assert catalogue.search_engine.search(longest) == catalogues['pyserini'].search_engine.search(longest)
 
 
 def test_catalogue_records_its_backend_and_pickles_without_its_engine(catalogues):

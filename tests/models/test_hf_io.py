@@ -142,6 +142,20 @@ def test_missing_and_misshaped_tensors_are_named(micro_cfg, micro_model, tmp_pat
     load_hf(out, micro_cfg.replace(num_layers=1))
 
 
+def test_truncated_or_damaged_files_are_named_with_the_fix(micro_cfg, micro_model, tmp_path):
+  out = save_hf(micro_model, micro_cfg, tmp_path / "ok")
+  weights, config = out / "model.safetensors", out / "config.json"
+  intact = weights.read_bytes()
+  for damaged in (intact[:len(intact) // 2], b"garbage"):
+    weights.write_bytes(damaged)
+    with pytest.raises(ValueError, match=rf"^{weights} is not a readable safetensors file .* rerun the stage"):
+      load_hf(out)
+  weights.write_bytes(intact)
+  config.write_text(config.read_text()[:20])
+  with pytest.raises(ValueError, match=rf"^{config} is not valid JSON .* truncated or damaged"):
+    load_hf(out)
+
+
 _RSS_PROBE = """
 import re, sys
 import jax

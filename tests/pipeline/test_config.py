@@ -142,3 +142,19 @@ def test_policy_names_follow_the_reward_modes():
   assert [configuration.policy_stage(p) for p in configuration.policy_names(cfg)] == [None, "sft", "ppo", "ppo"]
   with pytest.raises(ValueError, match="Unknown policy 'ppo'"):
     configuration.policy_stage("ppo")
+
+
+def test_broken_input_paths_are_named_with_the_fix_before_any_work(tmp_path):
+  cfg = configuration.load_config("eval")
+  empty = tmp_path / "webshop_sft.json"
+  empty.write_text("")
+  not_hf = tmp_path / "weights"
+  not_hf.mkdir()
+  cfg.sft.data, cfg.model.hf_path = str(empty), str(not_hf)
+  cfg.ppo.reward_modes = "spa"
+  with pytest.raises(ValueError) as error:
+    configuration.validate(cfg)
+  assert f"config.sft.data='{empty}' is an empty file" in str(error.value)
+  assert f"config.model.hf_path='{not_hf}' has no config.json" in str(error.value)
+  assert "unknown policy name(s) ['ppo_sparse']" in str(error.value)
+  assert "pass e.g. --config.eval.policies=untrained,sft,ppo_spa" in str(error.value)

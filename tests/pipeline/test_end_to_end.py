@@ -28,10 +28,10 @@ SHORT = {
 POLICIES = ("untrained", "sft", "ppo_sparse", "ppo_spa")
 
 
-def _main(workdir):
+def _main(workdir, **overrides):
   return subprocess.run(
       [sys.executable, "-m", "spa_jax.main", "--config=configs/ppo.py", f"--workdir={workdir}",
-       *(f"--config.{path}={value}" for path, value in SHORT.items())],
+       *(f"--config.{path}={value}" for path, value in (SHORT | overrides).items())],
       cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True, timeout=1200)
 
 
@@ -59,3 +59,11 @@ def test_default_command_runs_the_chain_prints_the_table_and_reuses_it(tmp_path)
   assert "stages to run none" in second.stderr
   assert {stage: ws.done_record(stage)["finished_at"] for stage in STAGES} == finished
   assert "Evaluation on test" in second.stdout
+
+  weights = ws.root / "policies" / "sft" / "model.safetensors"
+  intact = weights.read_bytes()
+  weights.write_bytes(intact[:len(intact) // 2])  # truncated: the sft stage is not current any more
+  third = _main(tmp_path / "ws", **{"run.targets": "sft"})
+  assert third.returncode == 0, third.stderr[-4000:]
+  assert "stages to run ['sft']" in third.stderr
+  assert weights.read_bytes() == intact  # restored from its last checkpoint and saved again

@@ -1,10 +1,12 @@
 """Stage resolution through the workspace, with fake stages that record their calls."""
 
+import hashlib
 import json
 
 import pytest
 
 from spa_jax import configuration, pipeline
+from spa_jax.digests import DigestCache
 from spa_jax.workspace import Workspace
 
 
@@ -130,3 +132,74 @@ def test_failed_stage_leaves_no_done_record_and_is_retried(cfg):
   assert Workspace(cfg.workspace).done_record("prm") is None
   stages["prm"] = working_prm
   assert run(cfg, stages) == ["prm", "label", "ppo", "eval"]
+
+
+ALL_STAGES = ["sft", "explore", "prm", "label", "ppo", "eval"]
+
+
+def test_a_split_file_edited_in_place_redoes_the_stages_that_read_it(cfg, tmp_path):
+  split = tmp_path / "eval_indices.json"
+  split.write_text("[0, 1, 2]")
+  cfg.env.eval_split = f"file:{split}"
+  stages = FakeStages()
+  assert run(cfg, stages) == ALL_STAGES
+  assert run(cfg, stages) == []
+  split.write_text("[3, 4]")  # env is a section every stage reads, so its files count for every stage
+  assert run(cfg, stages) == ALL_STAGES
+  done = Workspace(cfg.workspace).done_record("eval")
+  assert done["files"] == {"env.eval_split": hashlib.sha256(b"[3, 4]").hexdigest()}
+
+
+def test_replaced_webshop_data_and_sft_data_files_redo_their_stages(cfg, tmp_path):
+  data = tmp_path / "data"
+  data.mkdir()
+  (data / "items_shuffle_9.json").write_text("[]")
+  (data / "items_ins_v2_9.json").write_text("{}")
+  cfg.env.catalogue, cfg.env.data_dir, cfg.env.eval_split = "dir", str(data), "paper_test"
+  sft_data = tmp_path / "webshop_sft.json"
+  sft_data.write_text("[]")
+  cfg.sft.data = str(sft_data)
+  stages = FakeStages()
+  assert run(cfg, stages) == ALL_STAGES
+  (data / "items_ins_v2_9.json").write_text('{"B0": {}}')
+  assert run(cfg, stages) == ALL_STAGES
+  sft_data.write_text('[{"id": 1}]')
+  assert run(cfg, stages) == ALL_STAGES  # sft and everything downstream of it
+  assert set(Workspace(cfg.workspace).done_record("sft")["files"]) == {
+      "env.data_dir:items_shuffle_9.json", "env.data_dir:items_ins_v2_9.json", "sft.data"}
+  assert set(Workspace(cfg.workspace).done_record("explore")["files"]) == {
+      "env.data_dir:items_shuffle_9.json", "env.data_dir:items_ins_v2_9.json"}
+
+
+def test_an_output_whose_content_changed_is_not_reused(cfg):
+  """A truncated output (e.g. policies/sft/model.safetensors) is caught by its digest, even though it exists."""
+  stages = FakeStages()
+  run(cfg, stages)
+  ws = Workspace(cfg.workspace)
+  assert ws.done_record("prm")["outputs"] == {"prm/out.txt": hashlib.sha256(b"prm").hexdigest()}
+  (ws.root / "prm" / "out.txt").write_text("pr")
+  assert run(cfg, stages) == ["prm", "label", "ppo", "eval"]
+  (ws.root / "prm" / "DONE.json").write_text('{"stage": "prm", "fingerp')  # an unreadable record: redo
+  assert run(cfg, stages) == ["prm", "label", "ppo", "eval"]
+
+
+def test_digests_are_cached_per_file_stat_and_follow_every_write(tmp_path):
+  path = tmp_path / "weights.bin"
+  path.write_bytes(b"abc")
+  cache = DigestCache(tmp_path / "cache" / "digests.json")
+  assert cache.digest(path) == hashlib.sha256(b"abc").hexdigest()
+  cache.save()
+  assert DigestCache(cache.path).digest(path) == hashlib.sha256(b"abc").hexdigest()
+  entries = json.loads(cache.path.read_text())
+  entries[str(path.resolve())]["sha256"] = "cached"  # stands for a hash not recomputed while the stat holds
+  cache.path.write_text(json.dumps(entries))
+  assert DigestCache(cache.path).digest(path) == "cached"
+  path.write_bytes(b"ab")
+  assert DigestCache(cache.path).digest(path) == hashlib.sha256(b"ab").hexdigest()
+  (tmp_path / "dir").mkdir()
+  (tmp_path / "dir" / "a.json").write_text("1")
+  before = cache.digest(tmp_path / "dir")
+  (tmp_path / "dir" / ".hidden").write_text("ignored")
+  assert cache.digest(tmp_path / "dir") == before
+  (tmp_path / "dir" / "b.json").write_text("2")
+  assert cache.digest(tmp_path / "dir") != before

@@ -141,3 +141,7 @@ def test_fastchat_reader(tmp_path):
   record["conversations"][1]["from"] = "bot"
   with pytest.raises(ValueError, match="record 7, turn 1: 'from' must be"):
     af.conversation_from_fastchat(record)
+  for broken in ("", json.dumps([record])[:40]):  # empty, truncated
+    path.write_text(broken)
+    with pytest.raises(ValueError, match=f"^{path} is not valid JSON .* pass --config.sft.data=expert$"):
+      af.read_fastchat_sft(path)

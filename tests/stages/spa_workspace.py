@@ -17,6 +17,7 @@ from spa_jax import configuration
 from spa_jax.rollout import agent_format as af
 from spa_jax.rollout.trajectory_store import TrajectoryWriter
 from spa_jax.stages import common, prm
+from spa_jax.digests import DigestCache
 from spa_jax.workspace import Workspace
 
 NUM_TASKS = 4
@@ -80,7 +81,7 @@ def build(root) -> None:
     for record in expert_records(cfg):
       write(record)
   summary = prm.run(cfg, ws)
-  ws.mark_done("prm", "test", {}, summary)
+  ws.mark_done("prm", "test", {}, summary, DigestCache())
 
 
 def workspace_copy(tmp_path_factory, tmp_path):

@@ -44,5 +44,22 @@ def test_table_lists_policies_in_order_with_one_decimal():
                "mean_steps": 5.5, "episodes": 16},
        "ppo_spa": {"score": 60.0, "success_rate": 30.0, "purchase_rate": 95.0, "grounding": 85.0,
                    "mean_steps": 5.0, "episodes": 16}}, ["ppo_spa", "sft"]).splitlines()
-  assert table[2].split() == ["ppo_spa", "60.0", "30.0", "95.0", "85.0", "5.0", "16"]
-  assert table[3].split() == ["sft", "51.2", "20.0", "90.0", "80.0", "5.5", "16"]
+  assert table[2].split() == ["ppo_spa", "60.0", "30.0", "95.0", "85.0", "5.0", "16", "0"]
+  assert table[3].split() == ["sft", "51.2", "20.0", "90.0", "80.0", "5.5", "16", "0"]
+
+
+def _record(task_id: int, reward: float, termination: str) -> dict:
+  steps = [{"valid": True}] * (3 if termination == "purchase" else 1)
+  return {"task_id": task_id, "final_reward": reward, "success": reward == 1.0,
+          "purchased": termination == "purchase", "num_steps": len(steps), "steps": steps,
+          "termination": termination}
+
+
+def test_episodes_lost_to_a_failed_env_are_counted_apart_and_left_out_of_the_scores():
+  records = [_record(0, 1.0, "purchase"), _record(1, 0.5, "purchase"), _record(2, 0.0, "env_failed")]
+  metrics = eval_stage.policy_metrics(records)
+  assert metrics["failed"] == 1 and metrics["episodes"] == 2
+  assert metrics["score"] == 75.0 and metrics["success_rate"] == 50.0 and metrics["mean_steps"] == 3.0
+  header, _, row = eval_stage.format_table({"sft": metrics}).splitlines()
+  assert header.split()[-2:] == ["episodes", "failed"] and row.split()[-2:] == ["2", "1"]
+  assert eval_stage.policy_metrics([_record(0, 0.0, "env_failed")]) == {"episodes": 0, "failed": 1}

@@ -52,3 +52,14 @@ def test_a_rerun_replaces_every_shard_of_the_trajectory_set(micro_config):
   explore.run(cfg, ws)
   assert not stale.exists() and [r["task_id"] for r in read_trajectories(ws, "explore")] == \
       common.split_tasks(cfg, cfg.env.train_split, 1)
+
+
+def test_a_too_small_vocabulary_or_context_is_named_with_the_value_to_pass(micro_config):
+  cfg = micro_config("explore", {"tokenizer.vocab_size": 64})
+  with pytest.raises(ValueError, match=r"^config.tokenizer.vocab_size=64 is too small .* "
+                                       r"pass --config.tokenizer.vocab_size=\d+ or more$"):
+    common.load_tokenizer(cfg, Workspace(cfg.workspace))
+  cfg = micro_config("explore", {"agent.max_context": 64})
+  with pytest.raises(ValueError, match=r"^config.agent.max_context=64 cannot hold an episode's first turn "
+                                       r"\(\d+ tokens .*\): pass --config.agent.max_context=\d+ or more$"):
+    common.load_tokenizer(cfg, Workspace(cfg.workspace))

@@ -272,10 +272,11 @@ def _find_one(directory: Path, pattern: str, fix: str) -> Path:
     return matches[0]
 
 
-def read_raw_dir(directory: Path, need_human: bool) -> dict:
-    """The raw file contents of a WebShop data directory, as ``{"items", "attributes", "human"}``."""
+def raw_data_files(directory: Path, need_human: bool) -> dict[str, Path]:
+    """The files of a WebShop data directory a catalogue reads: ``{"items", "attributes"[, "human"]}``."""
     fix = ('download the WebShop data (setup.sh -d small gives items_shuffle_1000.json and '
            'items_ins_v2_1000.json) into this directory')
+    directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f'WebShop data directory {directory} does not exist: {fix}')
     items_path = _find_one(directory, 'items_shuffle*.json', fix)
@@ -283,12 +284,33 @@ def read_raw_dir(directory: Path, need_human: bool) -> dict:
     attributes_path = directory / f'items_ins_v2{suffix}.json'
     if not attributes_path.exists():
         raise FileNotFoundError(f'{attributes_path} is missing (it pairs with {items_path.name}): {fix}')
-    human_path = directory / 'items_human_ins.json'
-    if need_human and not human_path.exists():
-        raise FileNotFoundError(f'{human_path} is missing; it is needed for goals="human" '
-                                '(or use goals="synthetic")')
+    files = {'items': items_path, 'attributes': attributes_path}
+    if need_human:
+        files['human'] = directory / 'items_human_ins.json'
+        if not files['human'].exists():
+            raise FileNotFoundError(f'{files["human"]} is missing; it is needed for goals="human" '
+                                    '(or use goals="synthetic")')
+    return files
+
+
+def _read_json(path: Path, expected_type: type):
+    """A data file's JSON value; a truncated or wrong file raises one error naming it and the fix."""
+    try:
+        value = json.loads(path.read_text())
+    except ValueError as error:
+        raise ValueError(f'{path} is not valid JSON ({error}); the file is truncated or damaged: '
+                         'download it again') from None
+    if not isinstance(value, expected_type):
+        raise ValueError(f'{path} holds a JSON {type(value).__name__}, expected a {expected_type.__name__}: '
+                         'is it the right WebShop file?')
+    return value
+
+
+def read_raw_dir(directory: Path, need_human: bool) -> dict:
+    """The raw file contents of a WebShop data directory, as ``{"items", "attributes", "human"}``."""
+    files = raw_data_files(directory, need_human)
     return {
-        'items': json.loads(items_path.read_text()),
-        'attributes': json.loads(attributes_path.read_text()),
-        'human': json.loads(human_path.read_text()) if need_human else {},
+        'items': _read_json(files['items'], list),
+        'attributes': _read_json(files['attributes'], dict),
+        'human': _read_json(files['human'], dict) if need_human else {},
     }

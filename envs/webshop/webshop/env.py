@@ -13,9 +13,11 @@ reward 0 unless that step was a purchase). Stepping an ended episode raises
 * ``available_actions``: ``{"has_search_bar": bool, "clickables": [...]}`` of the new page;
 * ``valid``: the grounding signal of the action just taken. True iff the action
   parses as ``name[arg]`` and is either ``search[...]`` on a page WITH a search
-  bar, or ``click[x]`` with x in the clickables of the page it was taken on and
+  bar whose query the search engine accepts (``webshop.search.check_query``), or
+  ``click[x]`` with x in the clickables of the page it was taken on and
   x != ``search``. A search from a page without a search bar is executed when
-  ``search_from_any_page`` (the original's behaviour) but is never valid;
+  ``search_from_any_page`` (the original's behaviour) but is never valid. A
+  query the engine refuses (``InvalidQuery``) changes nothing but the step count;
 * ``step_count``, ``goal`` (the goal dict), and ``reward_info`` (the reward's
   verbose dict) on the purchase step.
 """
@@ -26,6 +28,7 @@ from webshop import pages
 from webshop.actions import parse_action
 from webshop.pages import EpisodeState, Page
 from webshop.reward import purchase_reward
+from webshop.search import InvalidQuery
 
 OBSERVATION_MODES = ('text', 'text_rich')
 
@@ -97,18 +100,23 @@ class WebShopEnv:
             return False, None
         if name == 'search':
             has_search_bar = self.state.page == Page.SEARCH
-            if has_search_bar or self.search_from_any_page:
-                self._search(arg.split(' '))
-            return has_search_bar, None
+            searched = (has_search_bar or self.search_from_any_page) and self._search(arg.split(' '))
+            return has_search_bar and searched, None
         if name == 'click' and arg != 'search' and arg in pages.clickables(self.state, self.catalogue):
             return True, self._click(arg)
         return False, None
 
-    def _search(self, keywords: list[str], page_number: int = 1) -> None:
+    def _search(self, keywords: list[str], page_number: int = 1) -> bool:
+        """Show the results page of a search; False (state unchanged) when the engine refuses the query."""
+        try:
+            results = self.catalogue.search_engine.search(' '.join(keywords))
+        except InvalidQuery:
+            return False
         state = self.state
         state.page, state.keywords, state.page_number = Page.RESULTS, keywords, page_number
-        state.results = self.catalogue.search_engine.search(' '.join(keywords))
+        state.results = results
         state.asin, state.options = None, {}
+        return True
 
     def _click(self, name: str) -> dict | None:
         """A click on a clickable of the current page, dispatched in the original's order."""

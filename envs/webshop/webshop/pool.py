@@ -1,8 +1,9 @@
 """`EnvPool`: a batch of `WebShopEnv`s spread over host worker processes.
 
-Each worker hosts a contiguous block of envs that share ONE read-only catalogue (unpickled from a cache
-file the parent writes once) and ONE search engine (one JVM per worker with the "pyserini" search backend,
-none with "bm25"). `reset` and `step` scatter one message per worker and gather the replies, so a batch
+Each worker hosts a contiguous block of envs that share ONE read-only catalogue (the parent's own, read
+from the files at pool creation and handed to each worker as it starts; no catalogue file is cached, so
+workers serve exactly what the parent read) and ONE search engine (one JVM per worker with the "pyserini"
+search backend, none with "bm25"). `reset` and `step` scatter one message per worker and gather the replies, so a batch
 costs one round trip. Workers are started with the "spawn" context (the parent may hold JAX threads;
 forking it is unsafe).
 
@@ -16,18 +17,14 @@ the catalogue, so results are the same for any `num_workers` (except the `<r>` d
 draw is per worker).
 """
 
-import hashlib
 import multiprocessing
 import os
-import pickle
 import random
-import tempfile
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from pathlib import Path
 
-from webshop.catalogue import Catalogue, default_cache_dir
+from webshop.catalogue import Catalogue
 from webshop.search import check_backend
 
 WORKER_START_TIMEOUT_S = 300.0
@@ -52,9 +49,8 @@ class CatalogueSpec:
             return spec
         if isinstance(spec, (str, os.PathLike)):
             return cls(source=os.fspath(spec))
-        raise TypeError(f"catalogue_spec must be a CatalogueSpec, 'embedded' or a data directory path, got "
-                        f"{type(spec).__name__}; pass CatalogueSpec(source=..., goals=...) instead of a Catalogue "
-                        f"object so that workers can rebuild it")
+        raise TypeError(f"a catalogue must be a Catalogue, a CatalogueSpec, 'embedded' or a data directory path, "
+                        f"got {type(spec).__name__}")
 
     def build(self) -> Catalogue:
         if self.source == "embedded":
@@ -66,26 +62,9 @@ class CatalogueSpec:
                                   search_backend=self.search_backend)
 
 
-def cached_catalogue_path(spec: CatalogueSpec, cache_dir: Path | None = None) -> Path:
-    """A pickle of the spec's catalogue (`Catalogue.__getstate__` leaves the search engine out), written on
-    first use. The key covers the whole spec (search backend included, which the catalogue records) and the
-    source of the `webshop` package, so code changes rebuild it.
-    """
-    package_dir = Path(__file__).parent
-    digest = hashlib.sha256(repr(spec).encode())
-    for source in sorted(package_dir.glob("*.py")):
-        digest.update(source.read_bytes())
-    path = Path(cache_dir or default_cache_dir()) / "catalogues" / f"{digest.hexdigest()[:20]}.pkl"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
-            pickle.dump(spec.build(), tmp, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp.name, path)
-    return path
-
-
-def load_cached_catalogue(path: Path) -> Catalogue:
-    return pickle.loads(Path(path).read_bytes())
+def resolve_catalogue(catalogue: "Catalogue | CatalogueSpec | str | os.PathLike") -> Catalogue:
+    """A `Catalogue` as given, or built from a spec / `"embedded"` / a data directory (read now)."""
+    return catalogue if isinstance(catalogue, Catalogue) else CatalogueSpec.parse(catalogue).build()
 
 
 def failed_result(error: str) -> tuple[str, float, bool, bool, dict]:
@@ -94,10 +73,9 @@ def failed_result(error: str) -> tuple[str, float, bool, bool, dict]:
     return f"Environment failure: {error}", 0.0, False, True, info
 
 
-def _worker_main(conn: Connection, catalogue_path: str, num_envs: int, env_kwargs: dict) -> None:
+def _worker_main(conn: Connection, catalogue: Catalogue, num_envs: int, env_kwargs: dict) -> None:
     """Serve `("reset", [(slot, goal, seed)])` / `("step", [(slot, action)])` requests until "close"."""
     from webshop.env import WebShopEnv
-    catalogue = load_cached_catalogue(Path(catalogue_path))
     _ = catalogue.search_engine  # build the search engine (pyserini: start the JVM, open the index) before "ready"
     envs = [WebShopEnv(catalogue, **env_kwargs) for _ in range(num_envs)]
     conn.send("ready")
@@ -121,10 +99,10 @@ def _worker_main(conn: Connection, catalogue_path: str, num_envs: int, env_kwarg
 class _Worker:
     """One worker process and its pipe."""
 
-    def __init__(self, context, catalogue_path: Path, num_envs: int, env_kwargs: dict):
+    def __init__(self, context, catalogue: Catalogue, num_envs: int, env_kwargs: dict):
         self.conn, child_conn = context.Pipe()
         self.process = context.Process(target=_worker_main, daemon=True,
-                                       args=(child_conn, str(catalogue_path), num_envs, env_kwargs))
+                                       args=(child_conn, catalogue, num_envs, env_kwargs))
         self.process.start()
         child_conn.close()
 
@@ -149,9 +127,12 @@ class _Worker:
 
 
 class EnvPool:
-    """`num_envs` WebShop envs over `num_workers` processes; batched `reset` / `step`."""
+    """`num_envs` WebShop envs over `num_workers` processes; batched `reset` / `step`.
 
-    def __init__(self, catalogue_spec, num_envs: int, num_workers: int, seed: int = 0,
+    `catalogue`: a `Catalogue`, or a `CatalogueSpec` / `"embedded"` / data directory to build one from now.
+    """
+
+    def __init__(self, catalogue, num_envs: int, num_workers: int, seed: int = 0,
                  step_timeout_s: float = 60.0, **env_kwargs):
         if num_envs < 1 or not 1 <= num_workers <= num_envs:
             raise ValueError(f"need num_envs >= 1 and 1 <= num_workers <= num_envs, got num_envs={num_envs}, "
@@ -159,8 +140,7 @@ class EnvPool:
         self.num_envs, self.seed, self.step_timeout_s = num_envs, seed, step_timeout_s
         self._env_kwargs = env_kwargs
         self._context = multiprocessing.get_context("spawn")
-        spec = CatalogueSpec.parse(catalogue_spec)
-        self._catalogue_path = cached_catalogue_path(spec)
+        self._catalogue = resolve_catalogue(catalogue)
         base, extra = divmod(num_envs, num_workers)
         sizes = [base + (w < extra) for w in range(num_workers)]
         starts = [sum(sizes[:w]) for w in range(num_workers)]
@@ -169,7 +149,7 @@ class EnvPool:
         self._workers: list[_Worker] = []
         # With pyserini the first worker builds the Lucene index if needed and the others then open it;
         # "bm25" workers index in memory, all at once.
-        first_wave = 1 if spec.search_backend == "pyserini" else num_workers
+        first_wave = 1 if self._catalogue.search_backend == "pyserini" else num_workers
         for wave in (range(first_wave), range(first_wave, num_workers)):
             self._workers += [self._start_worker(w) for w in wave]
             for w in wave:
@@ -226,7 +206,7 @@ class EnvPool:
         return env_ids
 
     def _start_worker(self, w: int) -> _Worker:
-        return _Worker(self._context, self._catalogue_path, len(self._blocks[w]), self._env_kwargs)
+        return _Worker(self._context, self._catalogue, len(self._blocks[w]), self._env_kwargs)
 
     def _run(self, command: str, requests: dict) -> dict:
         """Scatter per-env requests to their workers and gather `{env_id: result}`; failed workers restarted."""

