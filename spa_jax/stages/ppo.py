@@ -19,8 +19,13 @@ Each agent turn is one action (step). Per iteration:
    (`grad_accum` micro-batches each): clipped policy + clipped value loss (`training.make_ppo_step`);
 6. the KL coefficient's controller (fixed or adaptive) sees the batch's mean KL.
 
-Each iteration's metrics also time its phases (wall seconds, compilation included: the first
-iteration compiles): `time_rollout_s` (1, online or offline data), `time_rewards_s` (2),
+Each iteration's metrics (metrics/ppo_<mode>.jsonl) hold the rollout summary, the losses, `kl` (mean KL
+to the reference per trajectory, from the sampled tokens) with `kl_stderr`, the critic's
+`explained_variance`, and, online, `sampler_logp_gap` / `_max`: the mean / max |sampler log-prob -
+old-policy log-prob| over the sampled tokens, an invariant (0 up to float noise) that catches a
+sampler running other weights than the policy it is trained as. They also time the phases
+(wall seconds, compilation included: the first iteration compiles): `time_rollout_s` (1, online
+or offline data), `time_rewards_s` (2),
 `time_targets_s` (3-4), `time_update_s` (5); and, on GPU/TPU, `peak_memory_gb`: the device
 allocator's high-water mark at the iteration's end (GB since the process started, so it includes
 earlier stages run in the same process).
