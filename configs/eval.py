@@ -14,8 +14,9 @@ def eval_section(preset: str) -> ml_collections.ConfigDict:
   base = load_sibling(__file__, "base")
   real = base.is_real(preset)
   return ml_collections.ConfigDict(dict(
-      # comma-separated; each one is evaluated and reported (the untrained row is cheap on tiny)
-      policies="sft,ppo_sparse,ppo_spa" if real else "untrained,sft,ppo_sparse,ppo_spa",
+      # comma-separated; each one is evaluated and reported (the untrained row is cheap on tiny);
+      # "ppo_*" stands for ppo_<mode> of every mode in ppo.reward_modes
+      policies="sft,ppo_*" if real or preset == base.SMOLLM2 else "untrained,sft,ppo_*",
       temperature=0.0,
       top_p=1.0,
       max_new_tokens=512 if real else (128 if preset == base.SMOLLM2 else 96),

@@ -62,10 +62,22 @@ def split_names(csv: str) -> list[str]:
   return [name.strip() for name in csv.split(",") if name.strip()]
 
 
+EVERY_PPO_POLICY = "ppo_*"
+
+
+def eval_policies(cfg: ml_collections.ConfigDict) -> list[str]:
+  """config.eval.policies with "ppo_*" expanded to ppo_<mode> for every mode in config.ppo.reward_modes."""
+  modes = split_names(cfg.ppo.reward_modes) if "ppo" in cfg else []
+  names = []
+  for name in split_names(cfg.eval.policies):
+    names += [f"ppo_{mode}" for mode in modes] if name == EVERY_PPO_POLICY else [name]
+  return list(dict.fromkeys(names))
+
+
 def policy_names(cfg: ml_collections.ConfigDict) -> tuple[str, ...]:
   """The policies a config can produce: "untrained", "sft" and "ppo_<mode>" per ppo.reward_modes."""
   modes = split_names(cfg.ppo.reward_modes) if "ppo" in cfg else []
-  return (UNTRAINED, "sft", *(f"ppo_{mode}" for mode in modes))
+  return (UNTRAINED, "sft", *(f"ppo_{mode}" for mode in modes if mode in REWARD_MODES))
 
 
 def policy_stage(policy: str) -> str | None:
@@ -150,13 +162,13 @@ def _section_errors(cfg) -> list[str]:
   needed = set(split_names(cfg.run.targets))
   known = policy_names(cfg)
   if "eval" in needed and "eval" in cfg:
-    policies = split_names(cfg.eval.policies)
+    policies = eval_policies(cfg)
     bad = [p for p in policies if p not in known]
     if bad:
       fix = ",".join([p for p in policies if p in known] or [UNTRAINED])
       errors.append(f"config.eval.policies: unknown policy name(s) {bad}; known: {known} "
                     f"(ppo_<mode> needs the mode in config.ppo.reward_modes): pass e.g. --config.eval.policies={fix}")
-    needed |= {policy_stage(p) for p in split_names(cfg.eval.policies) if p in known} - {None}
+    needed |= {policy_stage(p) for p in policies if p in known} - {None}
   if "export" in needed and "export" in cfg:
     _choice(errors, cfg, "export.policy", known)
     if cfg.export.policy in known:

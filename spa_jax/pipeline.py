@@ -20,7 +20,7 @@ import ml_collections
 from webshop.catalogue import raw_data_files
 
 from spa_jax import distributed
-from spa_jax.configuration import STAGES, policy_stage, split_names
+from spa_jax.configuration import STAGES, eval_policies, policy_stage, split_names
 from spa_jax.digests import DigestCache
 from spa_jax.workspace import Workspace, fingerprint
 
@@ -38,7 +38,7 @@ def dependencies(stage: str, cfg: ml_collections.ConfigDict) -> tuple[str, ...]:
   if stage in _CHAIN:
     return _CHAIN[stage]
   if stage == "eval":
-    stages = [policy_stage(p) for p in split_names(cfg.eval.policies)]
+    stages = [policy_stage(p) for p in eval_policies(cfg)]
     return tuple(dict.fromkeys(s for s in stages if s))
   if stage == "export":
     return tuple(s for s in [policy_stage(cfg.export.policy)] if s)

@@ -13,7 +13,7 @@ import ml_collections
 from flax import nnx
 
 from spa_jax import distributed, tracking
-from spa_jax.configuration import split_names
+from spa_jax.configuration import eval_policies
 from spa_jax.rollout import episodes
 from spa_jax.rollout.trajectory_store import read_trajectories
 from spa_jax.stages import common
@@ -51,7 +51,7 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
   tasks = common.split_tasks(cfg, cfg.env.eval_split, cfg.eval.max_tasks)
   results, sampler, outputs = {}, None, []
   with common.open_pool(cfg) as pool:
-    for policy in split_names(cfg.eval.policies):
+    for policy in eval_policies(cfg):
       model_cfg, model = common.load_policy(cfg, ws, policy, tokenizer, mesh)
       graphdef, params = nnx.split(model)
       if sampler is None or sampler.cfg != model_cfg:

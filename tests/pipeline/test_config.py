@@ -152,9 +152,21 @@ def test_broken_input_paths_are_named_with_the_fix_before_any_work(tmp_path):
   not_hf.mkdir()
   cfg.sft.data, cfg.model.hf_path = str(empty), str(not_hf)
   cfg.ppo.reward_modes = "spa"
+  cfg.eval.policies = "untrained,sft,ppo_sparse,ppo_spa"
   with pytest.raises(ValueError) as error:
     configuration.validate(cfg)
   assert f"config.sft.data='{empty}' is an empty file" in str(error.value)
   assert f"config.model.hf_path='{not_hf}' has no config.json" in str(error.value)
   assert "unknown policy name(s) ['ppo_sparse']" in str(error.value)
   assert "pass e.g. --config.eval.policies=untrained,sft,ppo_spa" in str(error.value)
+
+
+def test_default_eval_policies_follow_the_reward_modes():
+  cfg = configuration.load_config("eval")
+  cfg.ppo.reward_modes = "spa"  # alone: the default eval.policies ("untrained,sft,ppo_*") follows
+  configuration.validate(cfg)
+  assert configuration.eval_policies(cfg) == ["untrained", "sft", "ppo_spa"]
+  cfg.ppo.reward_modes = "grounding_only,sparse"
+  assert configuration.eval_policies(cfg) == ["untrained", "sft", "ppo_grounding_only", "ppo_sparse"]
+  assert configuration.eval_policies(configuration.load_config("eval", "smollm2-135m")) == [
+      "sft", "ppo_sparse", "ppo_spa"]
