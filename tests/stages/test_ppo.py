@@ -13,6 +13,7 @@ from flax import nnx
 from safetensors.numpy import load_file
 
 from spa_jax.stages import common, label, ppo, prm
+from spa_jax.rollout.trajectory_store import read_trajectories
 from spa_jax.tracking import peak_memory_gb, read_metrics
 from spa_jax.workspace import Workspace
 from spa_workspace import make_config, workspace_copy
@@ -154,3 +155,30 @@ def test_online_iteration_invariants(tmp_path_factory, tmp_path):
         assert ppo.targets_batch(perturbed, state, batch, kl_coef=0.05)[1]["kl"] > 0.5
       else:  # a policy away from the reference: its own samples show it
         assert stats["kl"] > 0.5
+
+
+@pytest.mark.slow
+def test_updates_on_one_batch_raise_the_log_probs_of_advantaged_tokens(tmp_path_factory, tmp_path):
+  """The update's direction: a few PPO steps on one fixed batch (the workspace's expert and damaged
+  exploration trajectories, grounding_only rewards, so advantages of both signs) raise the
+  advantage-weighted log-probs of the trained tokens (a sign or token-alignment error lowers them)."""
+  ws = Workspace(workspace_copy(tmp_path_factory, tmp_path))
+  cfg = make_config(ws.root, {"ppo.rollouts_per_iteration": 12, "ppo.mini_batch_size": 12,
+                              "ppo.reward_modes": "grounding_only", "ppo.learning_rate": 1e-2,
+                              "eval.policies": "sft,ppo_*"})
+  shared = ppo.Shared(cfg=cfg, ws=ws, tokenizer=common.load_tokenizer(cfg, ws), mesh=common.make_mesh(cfg))
+  _, state = ppo.initial_state(cfg, ws, shared.mesh, ppo.optimizer(cfg))
+  sequences, _ = prm.load_sequences(read_trajectories(ws, prm.EXPLORE), shared.tokenizer, cfg.ppo.max_len)
+  batch = ppo.reward_batch(cfg, "grounding_only", sequences, ppo.progress_of(shared, "grounding_only", sequences),
+                           shared.tokenizer.pad_id)
+  full, _ = ppo.targets_batch(shared, state, batch, kl_coef=0.0)
+  step_fn = ppo.ppo_step_fn(shared, state)
+  for _ in range(3):
+    state, _ = ppo.update(shared, step_fn, state, full, iteration=0)
+  with jax.set_mesh(shared.mesh):
+    new_logp_bt = np.asarray(ppo.forward_logprobs(state.policy, {k: full[k] for k in ("tokens_bt", "positions_bt")}))
+  trained = full["loss_mask_bt"] > 0
+  change_t, advantage_t = (new_logp_bt - full["old_logp_bt"])[trained], full["advantages_bt"][trained]
+  assert (advantage_t > 0.5).any() and (advantage_t < -0.5).any()
+  # the surrogate objective sum_t A_t log pi(a_t) rose (to first order, the update's own objective)
+  assert np.sum(advantage_t * change_t) > 0
