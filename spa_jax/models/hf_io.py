@@ -23,6 +23,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from spa_jax.models.config import LlamaConfig
+from spa_jax.errors import InputFileError
 from spa_jax.models.llama import Linear, Llama
 from spa_jax.models.lora import FROZEN_BASE_FILTER, merged_kernel
 from spa_jax.sharding import state_shardings
@@ -52,8 +53,8 @@ def hf_key(path: StatePath) -> tuple[str, bool]:
   raise ValueError(f"Parameter {path} has no Hugging Face Llama counterpart.")
 
 
-def _damaged(path: Path, error: Exception) -> ValueError:
-  return ValueError(f"{path} is not a readable safetensors file ({error}): it is truncated or damaged; "
+def _damaged(path: Path, error: Exception) -> InputFileError:
+  return InputFileError(f"{path} is not a readable safetensors file ({error}): it is truncated or damaged; "
                     "rerun the stage that wrote it (--config.run.force=<stage>) or copy it again.")
 
 
@@ -61,7 +62,7 @@ def _read_json_file(path: Path) -> dict:
   try:
     return json.loads(path.read_text())
   except ValueError as error:
-    raise ValueError(f"{path} is not valid JSON ({error}): it is truncated or damaged; rerun the stage "
+    raise InputFileError(f"{path} is not valid JSON ({error}): it is truncated or damaged; rerun the stage "
                      "that wrote it (--config.run.force=<stage>) or copy it again.") from None
 
 

@@ -21,6 +21,8 @@ import pathlib
 import re
 from typing import Sequence
 
+from spa_jax.errors import InputFileError
+
 INSTRUCTION = """You are web shopping.
 I will give you instructions about what to do.
 You have to follow the instructions.
@@ -258,8 +260,8 @@ def read_fastchat_sft(path: str | pathlib.Path) -> list[Conversation]:
     with open(path) as f:
       records = json.load(f)
   except ValueError as error:
-    raise ValueError(f"{path} is not valid JSON ({error}): the SFT data file is empty, truncated or damaged; "
+    raise InputFileError(f"{path} is not valid JSON ({error}): the SFT data file is empty, truncated or damaged; "
                      "download webshop_sft.json again or pass --config.sft.data=expert") from None
   if not isinstance(records, list):
-    raise ValueError(f"{path}: expected a JSON list of FastChat records")
+    raise InputFileError(f"{path}: expected a JSON list of FastChat records")
   return [conversation_from_fastchat(record) for record in records]

@@ -50,3 +50,14 @@ def test_a_mistyped_config_field_is_one_line_with_the_suggestion():
   assert run.stderr.strip().splitlines() == [
       'FATAL Flags parsing error: \'epoch\' Did you mean "epochs" instead of "epoch"? '
       "(the fields are those of the --config file, configs/<stage>.py)"]
+
+
+def test_a_truncated_input_file_is_one_line_naming_it(tmp_path):
+  data = tmp_path / "webshop_sft.json"
+  data.write_text('[{"id": "0", "conversations": [{"from": "human", "val')
+  run = subprocess.run([sys.executable, "-m", "spa_jax.main", "--config=configs/sft.py", f"--workdir={tmp_path / 'ws'}",
+                        f"--config.sft.data={data}", "--config.tracking.progress=False"],
+                       cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+                       timeout=300)
+  assert run.returncode != 0 and "Traceback" not in run.stderr
+  assert run.stderr.strip().splitlines()[-1].startswith(f"FATAL {data} is not valid JSON")

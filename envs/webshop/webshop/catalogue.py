@@ -36,6 +36,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from webshop import goals as goals_lib
+from webshop.errors import DataFileError
 from webshop.nouns import GivenNouns, NounTagger
 from webshop.search import check_backend
 
@@ -298,10 +299,10 @@ def _read_json(path: Path, expected_type: type):
     try:
         value = json.loads(path.read_text())
     except ValueError as error:
-        raise ValueError(f'{path} is not valid JSON ({error}); the file is truncated or damaged: '
+        raise DataFileError(f'{path} is not valid JSON ({error}); the file is truncated or damaged: '
                          'download it again') from None
     if not isinstance(value, expected_type):
-        raise ValueError(f'{path} holds a JSON {type(value).__name__}, expected a {expected_type.__name__}: '
+        raise DataFileError(f'{path} holds a JSON {type(value).__name__}, expected a {expected_type.__name__}: '
                          'is it the right WebShop file?')
     return value
 
