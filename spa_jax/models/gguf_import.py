@@ -77,10 +77,10 @@ def _read_gguf(path: Path):
     config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
   except Exception as error:  # gguf's reader raises bare ValueError/KeyError/struct errors on bad bytes
     raise InputFileError(f"cannot read {path} as a GGUF checkpoint ({type(error).__name__}: {error}); "
-                     "pass a valid .gguf file (Llama architecture)") from error
+                         "pass a valid .gguf file (Llama architecture)") from error
   if config.model_type != "llama":
     raise InputFileError(f"{path} holds a {config.model_type!r} model; only Llama-architecture GGUF files "
-                     "can be imported (spa_jax implements Llama)")
+                         "can be imported (spa_jax implements Llama)")
   tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
   quantized = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=SAVED_DTYPE)
   config = quantized.config
@@ -98,7 +98,7 @@ def import_gguf(gguf: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
   tokenizer, model = _read_gguf(path)
   if not tokenizer.chat_template:
     raise InputFileError(f"{path} has no chat template (tokenizer.chat_template); spa_jax needs one to format "
-                     "the agent's conversation: use an instruction-tuned GGUF that carries one")
+                         "the agent's conversation: use an instruction-tuned GGUF that carries one")
   out_dir = Path(out_dir)
   out_dir.parent.mkdir(parents=True, exist_ok=True)
   staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))

@@ -63,7 +63,7 @@ def _read_json_file(path: Path) -> dict:
     return json.loads(path.read_text())
   except ValueError as error:
     raise InputFileError(f"{path} is not valid JSON ({error}): it is truncated or damaged; rerun the stage "
-                     "that wrote it (--config.run.force=<stage>) or copy it again.") from None
+                         "that wrote it (--config.run.force=<stage>) or copy it again.") from None
 
 
 class _CheckpointReader:

@@ -261,7 +261,7 @@ def read_fastchat_sft(path: str | pathlib.Path) -> list[Conversation]:
       records = json.load(f)
   except ValueError as error:
     raise InputFileError(f"{path} is not valid JSON ({error}): the SFT data file is empty, truncated or damaged; "
-                     "download webshop_sft.json again or pass --config.sft.data=expert") from None
+                         "download webshop_sft.json again or pass --config.sft.data=expert") from None
   if not isinstance(records, list):
     raise InputFileError(f"{path}: expected a JSON list of FastChat records")
   return [conversation_from_fastchat(record) for record in records]

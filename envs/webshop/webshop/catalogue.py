@@ -300,10 +300,10 @@ def _read_json(path: Path, expected_type: type):
         value = json.loads(path.read_text())
     except ValueError as error:
         raise DataFileError(f'{path} is not valid JSON ({error}); the file is truncated or damaged: '
-                         'download it again') from None
+                            'download it again') from None
     if not isinstance(value, expected_type):
         raise DataFileError(f'{path} holds a JSON {type(value).__name__}, expected a {expected_type.__name__}: '
-                         'is it the right WebShop file?')
+                            'is it the right WebShop file?')
     return value
 
 
