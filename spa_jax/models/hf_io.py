@@ -55,7 +55,7 @@ def hf_key(path: StatePath) -> tuple[str, bool]:
 
 def _damaged(path: Path, error: Exception) -> InputFileError:
   return InputFileError(f"{path} is not a readable safetensors file ({error}): it is truncated or damaged; "
-                    "rerun the stage that wrote it (--config.run.force=<stage>) or copy it again.")
+                        "rerun the stage that wrote it (--config.run.force=<stage>) or copy it again.")
 
 
 def _read_json_file(path: Path) -> dict:
