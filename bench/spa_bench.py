@@ -174,8 +174,9 @@ def markdown(seeds: list[dict], summary: dict) -> str:
   for name, row in summary.get("reference", {}).items():
     lines.append(f"| {name} (scripted) | {row['score']:.1f} | {row['success_rate']:.1f} | | | |")
   if diff := summary.get("spa_minus_sparse"):
-    lines += [""] + [f"Paired SPA - sparse, {metric}: mean {d['mean']:+.1f}, 95% CI [{d['ci95'][0]:+.1f}, "
-                     f"{d['ci95'][1]:+.1f}], per seed {', '.join(f'{x:+.1f}' for x in d['per_seed'])}"
+    lines += [""] + [f"Paired SPA - sparse, {metric}: mean {d['mean']:+.1f}, 95% CI "
+                     + (f"[{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]" if np.isfinite(d["ci95"][0]) else "n/a (one seed)")
+                     + f", per seed {', '.join(f'{x:+.1f}' for x in d['per_seed'])}"
                      for metric, d in diff.items()]
   lines += ["", "Per seed (score): " + "; ".join(
       f"seed {s['seed']}: " + ", ".join(f"{p} {v['score']:.1f}" for p, v in s["policies"].items()) for s in seeds)]
