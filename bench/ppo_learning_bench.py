@@ -34,6 +34,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from results_log import REPO, append_section  # noqa: E402
+from spa_jax.tracking import read_metrics  # noqa: E402
 
 CURVES = ("score", "grounding", "purchase_rate", "task_return", "kl", "clip_frac", "value_loss",
           "explained_variance", "sampler_logp_gap_max")
@@ -52,7 +53,7 @@ def run_ppo(workdir: pathlib.Path, modes: str, iterations: int, overrides: list[
 
 
 def curves(workdir: pathlib.Path, mode: str) -> dict[str, np.ndarray]:
-  rows = [json.loads(line) for line in (workdir / "metrics" / f"ppo_{mode}.jsonl").read_text().splitlines()]
+  rows = read_metrics(workdir / "metrics" / f"ppo_{mode}.jsonl")
   return {name: np.array([row.get(name, np.nan) for row in rows], np.float64)
           for name in ("step", "kl_stderr", *CURVES)}
 

@@ -24,11 +24,9 @@ ends with ONE JSON line on stdout.
 
 import argparse
 import concurrent.futures
-import datetime
 import json
 import os
 import pathlib
-import platform
 import shutil
 import subprocess
 import sys
@@ -37,8 +35,9 @@ import time
 import numpy as np
 from scipy import stats
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "RESULTS.md"
+from results_log import REPO, append_section
+from spa_jax.tracking import read_metrics
+
 POLICIES = ("sft", "ppo_sparse", "ppo_spa")
 CURVES = ("success_rate", "score")  # train-rollout metrics of each PPO iteration
 METRICS = ("score", "success_rate", "purchase_rate", "grounding", "mean_steps")
@@ -80,7 +79,7 @@ def collect(workdir: pathlib.Path) -> dict:
     result["progress_plot"] = str(workdir / "plots" / "prm_progress.png")
   result["curves"] = {}
   for path in sorted((workdir / "metrics").glob("ppo_*.jsonl")):
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = read_metrics(path)
     result["curves"][path.stem] = {k: [row.get(k) for row in rows] for k in ("step", *CURVES, "kl")}
   return result
 
@@ -194,16 +193,6 @@ def markdown(seeds: list[dict], summary: dict) -> str:
   return "\n".join(lines)
 
 
-def append_results(table: str, command: str) -> None:
-  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-  header = [f"\n## spa_bench ({datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')})", "",
-            f"- machine: {platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}, "
-            f"load average {os.getloadavg()[0]:.1f} at the end",
-            f"- command: `{command}`", f"- commit: {commit}", "", ""]
-  with RESULTS.open("a") as f:
-    f.write("\n".join(header) + table + "\n")
-
-
 def parse_overrides(items: list[str]) -> dict[str, str]:
   overrides = {}
   for item in items:
@@ -247,7 +236,7 @@ def main() -> None:
     if (root / "spa_bench.png").exists():
       (REPO / "bench" / "plots").mkdir(exist_ok=True)
       shutil.copyfile(root / "spa_bench.png", REPO / "bench" / "plots" / f"{args.name}.png")
-    append_results(table, " ".join(["python bench/spa_bench.py", *sys.argv[1:]]))
+    append_section("spa_bench", " ".join(["python bench/spa_bench.py", *sys.argv[1:]]), table)
   print(json.dumps({"summary": summary, "root": str(root)}))
 
 

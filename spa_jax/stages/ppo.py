@@ -25,10 +25,9 @@ to the reference per trajectory, from the sampled tokens) with `kl_stderr`, the 
 old-policy log-prob| over the sampled tokens, an invariant (0 up to float noise) that catches a
 sampler running other weights than the policy it is trained as. They also time the phases
 (wall seconds, compilation included: the first iteration compiles): `time_rollout_s` (1, online
-or offline data), `time_rewards_s` (2),
-`time_targets_s` (3-4), `time_update_s` (5); and, on GPU/TPU, `peak_memory_gb`: the device
-allocator's high-water mark at the iteration's end (GB since the process started, so it includes
-earlier stages run in the same process).
+or offline data), `time_rewards_s` (2), `time_targets_s` (3-4), `time_update_s` (5); and, on
+GPU/TPU, `peak_memory_gb`: the device allocator's high-water mark at the iteration's end (GB since
+the process started, so it includes earlier stages run in the same process).
 
 Each mode m starts from the SFT policy and writes policies/ppo_<m>/ (LoRA merged),
 checkpoints/ppo/<fingerprint>/<m>/ (after every `checkpoint_every` iterations; a rerun resumes),
