@@ -16,6 +16,7 @@ The tiny preset is sized for the 20-minute CPU budget of the whole default comma
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 from spa_jax.configuration import load_sibling
 
@@ -40,6 +41,7 @@ def ppo_section(preset: str) -> ml_collections.ConfigDict:
       grad_accum=4 if real else 1,  # micro-batches per optimizer update
       ppo_epochs=4 if real else 1,  # tiny: 1 keeps the default command inside 20 minutes on 2 cores
       learning_rate=1e-5 if real else 1e-3,
+      critic_learning_rate=config_dict.placeholder(float),  # unset: learning_rate (released: one LR)
       grad_clip=1.0,
       gamma=0.99,
       gae_lambda=0.95,

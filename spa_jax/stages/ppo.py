@@ -38,6 +38,7 @@ import contextlib
 import dataclasses
 import logging
 import shutil
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -83,32 +84,43 @@ def _critic(cfg: ml_collections.ConfigDict, backbone: Llama) -> ValueModel:
   return ValueModel(_with_lora(cfg, backbone, cfg.seed + 11), nnx.Rngs(cfg.seed + 12))
 
 
-def optimizer(cfg: ml_collections.ConfigDict):
-  return make_optimizer(OptimizerConfig(learning_rate=cfg.ppo.learning_rate, schedule="constant",
-                                        grad_clip_norm=cfg.ppo.grad_clip))
+class Optimizers(NamedTuple):
+  policy: optax.GradientTransformation
+  critic: optax.GradientTransformation
+
+
+def optimizers(cfg: ml_collections.ConfigDict) -> Optimizers:
+  """The policy's and the critic's optimizers (Adam, constant LR; the critic's own LR if set)."""
+  def adam(learning_rate: float):
+    return make_optimizer(OptimizerConfig(learning_rate=learning_rate, schedule="constant",
+                                          grad_clip_norm=cfg.ppo.grad_clip))
+  critic_lr = cfg.ppo.critic_learning_rate
+  return Optimizers(policy=adam(cfg.ppo.learning_rate),
+                  critic=adam(cfg.ppo.learning_rate if critic_lr is None else critic_lr))
 
 
 def _critic_dir(cfg: ml_collections.ConfigDict, ws: Workspace):
   return prm.estimator_dir(ws) if cfg.ppo.critic_init == "prm" else common.policy_dir(ws, "sft")
 
 
-def initial_state(cfg: ml_collections.ConfigDict, ws: Workspace, mesh, tx) -> tuple[LlamaConfig, PPOState]:
-  """Policy (SFT, + LoRA) and critic (SFT or estimator backbone, + LoRA, fresh head) train states."""
+def initial_state(cfg: ml_collections.ConfigDict, ws: Workspace, mesh, tx: Optimizers) -> tuple[LlamaConfig, PPOState]:
+  """Policy (SFT, + LoRA) and critic (SFT or estimator backbone, + LoRA, fresh head) train states;
+  `tx` holds each one's optimizer (`optimizers`)."""
   policy_trainable, critic_trainable = TRAINABLE[cfg.ppo.finetune]
   model_cfg, policy = prm.load_backbone(cfg, common.policy_dir(ws, "sft"), mesh, cfg.model.dtype)
   _, critic_backbone = prm.load_backbone(cfg, _critic_dir(cfg, ws), mesh, cfg.model.dtype)
   policy = shard_model(_with_lora(cfg, policy, cfg.seed + 10), mesh)
   critic = shard_model(_critic(cfg, critic_backbone), mesh)
-  return model_cfg, PPOState(policy=create_train_state(policy, tx, trainable=policy_trainable, seed=cfg.seed),
-                             critic=create_train_state(critic, tx, trainable=critic_trainable, seed=cfg.seed))
+  return model_cfg, PPOState(policy=create_train_state(policy, tx.policy, trainable=policy_trainable, seed=cfg.seed),
+                             critic=create_train_state(critic, tx.critic, trainable=critic_trainable, seed=cfg.seed))
 
 
-def abstract_state(cfg: ml_collections.ConfigDict, model_cfg: LlamaConfig, tx, mesh) -> PPOState:
+def abstract_state(cfg: ml_collections.ConfigDict, model_cfg: LlamaConfig, tx: Optimizers, mesh) -> PPOState:
   """`initial_state`'s shapes and shardings: the restore target of a checkpoint."""
   policy_trainable, critic_trainable = TRAINABLE[cfg.ppo.finetune]
-  policy = abstract_train_state(lambda: _with_lora(cfg, Llama(model_cfg, rngs=nnx.Rngs(0)), 0), tx,
+  policy = abstract_train_state(lambda: _with_lora(cfg, Llama(model_cfg, rngs=nnx.Rngs(0)), 0), tx.policy,
                                 trainable=policy_trainable, mesh=mesh)
-  critic = abstract_train_state(lambda: _critic(cfg, Llama(model_cfg, rngs=nnx.Rngs(0))), tx,
+  critic = abstract_train_state(lambda: _critic(cfg, Llama(model_cfg, rngs=nnx.Rngs(0))), tx.critic,
                                 trainable=critic_trainable, mesh=mesh)
   return PPOState(policy=policy, critic=critic)
 
@@ -314,7 +326,7 @@ def checkpointer(cfg: ml_collections.ConfigDict, ws: Workspace, mode: str) -> Ch
 def train_mode(shared: Shared, mode: str) -> dict:
   """PPO from the SFT policy with reward mode `mode`; writes policy ppo_<mode>; returns its summary."""
   cfg, ws = shared.cfg, shared.ws
-  tx = optimizer(cfg)
+  tx = optimizers(cfg)
   controller = make_kl_controller("adaptive" if cfg.ppo.kl.adaptive else "fixed", init=cfg.ppo.kl.init_coef,
                                   target=cfg.ppo.kl.target, horizon=cfg.ppo.kl.horizon)
   ckpt = checkpointer(cfg, ws, mode)

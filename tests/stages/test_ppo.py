@@ -109,7 +109,7 @@ def test_sampling_model_and_export_leave_the_train_state_unchanged(tmp_path_fact
   ws = Workspace(workspace_copy(tmp_path_factory, tmp_path))
   cfg = make_config(ws.root)
   mesh = common.make_mesh(cfg)
-  _, state = ppo.initial_state(cfg, ws, mesh, ppo.optimizer(cfg))
+  _, state = ppo.initial_state(cfg, ws, mesh, ppo.optimizers(cfg))
   policy = _perturbed_lora(state.policy, 0.05, seed=1)
   before = _state_arrays(policy)
   merged_twice = [ppo.sampling_model(policy) for _ in range(2)]
@@ -131,7 +131,7 @@ def test_online_iteration_invariants(tmp_path_factory, tmp_path):
                               "ppo.max_new_tokens": 24, "ppo.reward_modes": "sparse",
                               "eval.policies": "sft,ppo_sparse"})
   shared = ppo.Shared(cfg=cfg, ws=ws, tokenizer=common.load_tokenizer(cfg, ws), mesh=common.make_mesh(cfg))
-  _, state = ppo.initial_state(cfg, ws, shared.mesh, ppo.optimizer(cfg))
+  _, state = ppo.initial_state(cfg, ws, shared.mesh, ppo.optimizers(cfg))
   eot = shared.tokenizer.end_of_turn_id
   with ppo.online_rollouts(shared):
     for iteration, policy in enumerate([state.policy, _perturbed_lora(state.policy, 0.3, seed=2)]):
@@ -161,20 +161,26 @@ def test_online_iteration_invariants(tmp_path_factory, tmp_path):
 def test_updates_on_one_batch_raise_the_log_probs_of_advantaged_tokens(tmp_path_factory, tmp_path):
   """The update's direction: a few PPO steps on one fixed batch (the workspace's expert and damaged
   exploration trajectories, grounding_only rewards, so advantages of both signs) raise the
-  advantage-weighted log-probs of the trained tokens (a sign or token-alignment error lowers them)."""
+  advantage-weighted log-probs of the trained tokens (a sign or token-alignment error lowers them);
+  the critic steps with its own learning rate (Adam moves a parameter by about the LR per step)."""
   ws = Workspace(workspace_copy(tmp_path_factory, tmp_path))
   cfg = make_config(ws.root, {"ppo.rollouts_per_iteration": 12, "ppo.mini_batch_size": 12,
                               "ppo.reward_modes": "grounding_only", "ppo.learning_rate": 1e-2,
-                              "eval.policies": "sft,ppo_*"})
+                              "ppo.critic_learning_rate": 1e-6, "eval.policies": "sft,ppo_*"})
   shared = ppo.Shared(cfg=cfg, ws=ws, tokenizer=common.load_tokenizer(cfg, ws), mesh=common.make_mesh(cfg))
-  _, state = ppo.initial_state(cfg, ws, shared.mesh, ppo.optimizer(cfg))
+  _, state = ppo.initial_state(cfg, ws, shared.mesh, ppo.optimizers(cfg))
   sequences, _ = prm.load_sequences(read_trajectories(ws, prm.EXPLORE), shared.tokenizer, cfg.ppo.max_len)
   batch = ppo.reward_batch(cfg, "grounding_only", sequences, ppo.progress_of(shared, "grounding_only", sequences),
                            shared.tokenizer.pad_id)
   full, _ = ppo.targets_batch(shared, state, batch, kl_coef=0.0)
   step_fn = ppo.ppo_step_fn(shared, state)
+  params = lambda s: [np.asarray(x) for x in jax.tree.leaves((s.policy.params, s.critic.params))]
+  before, policy_leaves = params(state), len(jax.tree.leaves(state.policy.params))
   for _ in range(3):
     state, _ = ppo.update(shared, step_fn, state, full, iteration=0)
+  moved = [float(np.max(np.abs(a - b))) for a, b in zip(before, params(state), strict=True)]
+  assert max(moved[:policy_leaves]) > 1e-3
+  assert 0 < max(moved[policy_leaves:]) <= 3 * 1.1e-6
   with jax.set_mesh(shared.mesh):
     new_logp_bt = np.asarray(ppo.forward_logprobs(state.policy, {k: full[k] for k in ("tokens_bt", "positions_bt")}))
   trained = full["loss_mask_bt"] > 0
