@@ -56,6 +56,8 @@ def get_base_config(preset: str = TINY) -> ml_collections.ConfigDict:
   cfg.run = ml_collections.ConfigDict(dict(
       targets="eval",  # comma-separated stage names to produce (dependencies run first)
       force="",  # comma-separated stage names to redo even when their outputs are current
+      # keep compiled XLA programs in $SPA_JAX_CACHE/xla: a resumed or repeated run skips compiling
+      compilation_cache=True,
   ))
   cfg.env = ml_collections.ConfigDict(dict(
       catalogue="dir" if real else "embedded",  # "embedded" | "dir"

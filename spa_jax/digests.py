@@ -3,7 +3,7 @@
 A file's digest is the SHA-256 of its bytes (what `sha256sum` prints); a directory's is the SHA-256
 of the sorted lines `<relative path> <file digest>` of every file under it whose path has no part
 starting with ".". Hashing runs at about 0.7 GB/s on a loaded 2-core machine, so digests are cached
-in `digests.json` under `$SPA_JAX_CACHE_DIR` (default `~/.cache/spa_jax`), keyed on the file's
+in `digests.json` under the user cache (`$SPA_JAX_CACHE`, default `~/.cache/spa_jax`), keyed on the file's
 absolute path and its (size, mtime_ns, ctime_ns, inode): a file is hashed again only after one of
 these changes (any write, truncation or replacement changes them; copying a workspace elsewhere
 rehashes it once). The cache is JSON: reading it can never run code.
@@ -14,15 +14,15 @@ import json
 import os
 import pathlib
 
+from spa_jax.user_cache import cache_root
 from spa_jax.workspace import write_json_atomic
 
 CACHE_FILE = "digests.json"
 
 
 def default_cache_path() -> pathlib.Path:
-  """`$SPA_JAX_CACHE_DIR/digests.json`, else `~/.cache/spa_jax/digests.json`."""
-  root = os.environ.get("SPA_JAX_CACHE_DIR") or pathlib.Path.home() / ".cache" / "spa_jax"
-  return pathlib.Path(root) / CACHE_FILE
+  """`digests.json` in the user cache (`spa_jax.user_cache.cache_root`)."""
+  return cache_root() / CACHE_FILE
 
 
 def _stat_key(path: pathlib.Path) -> list[int]:

