@@ -60,6 +60,12 @@ def ppo_section(preset: str) -> ml_collections.ConfigDict:
       max_new_tokens=512 if real else 96,
       max_len=4096 if real else 2048,  # longer rollouts are left out of the update
       length_bucket=512,  # a batch is padded to a multiple of this (one compiled shape each)
+      # PPO's own seed (LoRA/critic-head init, task order, sampling, mini-batches); unset: config.seed.
+      # Not in the upstream stages' fingerprints: PPO seeds can share one SFT policy and estimator.
+      seed=config_dict.placeholder(int),
+      # Seconds per reward mode (per invocation): past it, the run stops after the current iteration,
+      # checkpoints and writes that policy; `run.force=ppo` goes on from there. Not fingerprinted.
+      time_budget_s=config_dict.placeholder(float),
       checkpoint_every=5 if real else 1,  # iterations between Orbax checkpoints (resume points)
       keep_checkpoints=2,
   ))

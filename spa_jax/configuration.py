@@ -283,6 +283,8 @@ def _ppo_errors(errors: list[str], cfg) -> None:
   for path in ("ppo.vf_coef", "ppo.entropy_coef", "ppo.kl.init_coef"):
     _at_least(errors, cfg, path, 0.0)
   _check(errors, cfg, "ppo.critic_learning_rate", lambda v: v is None or v > 0, "> 0 (or unset: ppo.learning_rate)")
+  _check(errors, cfg, "ppo.time_budget_s", lambda v: v is None or v > 0, "> 0 seconds (or unset: no budget)")
+  _check(errors, cfg, "ppo.seed", lambda v: v is None or v >= 0, ">= 0 (or unset: config.seed)")
   _at_least(errors, cfg, "ppo.max_mean_ratio", 1.0)  # the mean ratio is 1 before an update
   _choice(errors, cfg, "ppo.kl.estimator", KL_ESTIMATORS)
   rows = p.mini_batch_size * p.grad_accum

@@ -8,6 +8,7 @@ from typing import Sequence, TypeVar
 
 import jax
 import ml_collections
+import numpy as np
 
 T = TypeVar("T")
 _COORDINATOR_ENV = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS")
@@ -64,3 +65,12 @@ def barrier(name: str) -> None:
   if process_count() > 1:
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(name)
+
+
+def main_process_decides(flag: bool) -> bool:
+  """The main process's `flag`, on every process (a decision such as "stop now" taken from one clock,
+  so no process leaves a loop the others stay in)."""
+  if process_count() == 1:
+    return flag
+  from jax.experimental import multihost_utils
+  return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag, np.bool_)))

@@ -52,10 +52,19 @@ def ppo_needs_estimator(cfg: ml_collections.ConfigDict) -> bool:
           or cfg.ppo.mode == "offline")
 
 
+# Fields that bound how long a run goes on, not what an iteration computes: changing them neither
+# redoes a finished stage nor discards its checkpoints (a stage stopped by its budget goes on from
+# its last checkpoint with run.force).
+NOT_FINGERPRINTED = {"ppo": ("time_budget_s",)}
+
+
 def stage_config(stage: str, cfg: ml_collections.ConfigDict) -> dict:
   """The part of the config that determines a stage's outputs."""
-  return {key: (cfg[key].to_dict() if isinstance(cfg[key], ml_collections.ConfigDict) else cfg[key])
-          for key in (*SHARED_SECTIONS, stage)}
+  sections = {key: (cfg[key].to_dict() if isinstance(cfg[key], ml_collections.ConfigDict) else cfg[key])
+              for key in (*SHARED_SECTIONS, stage)}
+  if stage in NOT_FINGERPRINTED:
+    sections[stage] = {k: v for k, v in sections[stage].items() if k not in NOT_FINGERPRINTED[stage]}
+  return sections
 
 
 def input_files(stage: str, cfg: ml_collections.ConfigDict) -> dict[str, str]:

@@ -31,13 +31,17 @@ the process started, so it includes earlier stages run in the same process).
 
 Each mode m starts from the SFT policy and writes policies/ppo_<m>/ (LoRA merged),
 checkpoints/ppo/<fingerprint>/<m>/ (after every `checkpoint_every` iterations; a rerun resumes),
-metrics/ppo_<m>.jsonl and plots/ppo_<m>.png.
+metrics/ppo_<m>.jsonl and plots/ppo_<m>.png. With `ppo.time_budget_s` set, a mode's run stops after
+the first iteration that ends past that many seconds (of this invocation), checkpoints it and writes
+that iteration's policy; `--config.run.force=ppo` later goes on from there. `ppo.seed` (default:
+config.seed) seeds PPO alone, so several PPO seeds can share one SFT policy and estimator.
 """
 
 import contextlib
 import dataclasses
 import logging
 import shutil
+import time
 from typing import NamedTuple
 
 import jax
@@ -73,6 +77,13 @@ TRAINABLE = {"full": ("full", "full"), "lora": ("lora", "lora_and_head")}  # (po
 # ----------------------------------------------------------------------------- models and state
 
 
+def ppo_seed(cfg: ml_collections.ConfigDict) -> int:
+  """The seed of PPO's own randomness (LoRA and critic-head init, task order, rollout sampling,
+  mini-batch order): ppo.seed, or config.seed when unset. A separate ppo.seed gives several PPO runs
+  from ONE SFT policy and estimator (whose fingerprints depend on config.seed, not on this)."""
+  return cfg.seed if cfg.ppo.seed is None else cfg.ppo.seed
+
+
 def _with_lora(cfg: ml_collections.ConfigDict, model: Llama, seed: int) -> Llama:
   if cfg.ppo.finetune == "lora":
     lora = cfg.model.lora
@@ -81,7 +92,7 @@ def _with_lora(cfg: ml_collections.ConfigDict, model: Llama, seed: int) -> Llama
 
 
 def _critic(cfg: ml_collections.ConfigDict, backbone: Llama) -> ValueModel:
-  return ValueModel(_with_lora(cfg, backbone, cfg.seed + 11), nnx.Rngs(cfg.seed + 12))
+  return ValueModel(_with_lora(cfg, backbone, ppo_seed(cfg) + 11), nnx.Rngs(ppo_seed(cfg) + 12))
 
 
 class Optimizers(NamedTuple):
@@ -109,10 +120,10 @@ def initial_state(cfg: ml_collections.ConfigDict, ws: Workspace, mesh, tx: Optim
   policy_trainable, critic_trainable = TRAINABLE[cfg.ppo.finetune]
   model_cfg, policy = prm.load_backbone(cfg, common.policy_dir(ws, "sft"), mesh, cfg.model.dtype)
   _, critic_backbone = prm.load_backbone(cfg, _critic_dir(cfg, ws), mesh, cfg.model.dtype)
-  policy = shard_model(_with_lora(cfg, policy, cfg.seed + 10), mesh)
+  policy = shard_model(_with_lora(cfg, policy, ppo_seed(cfg) + 10), mesh)
   critic = shard_model(_critic(cfg, critic_backbone), mesh)
-  return model_cfg, PPOState(policy=create_train_state(policy, tx.policy, trainable=policy_trainable, seed=cfg.seed),
-                             critic=create_train_state(critic, tx.critic, trainable=critic_trainable, seed=cfg.seed))
+  return model_cfg, PPOState(policy=create_train_state(policy, tx.policy, trainable=policy_trainable, seed=ppo_seed(cfg)),
+                             critic=create_train_state(critic, tx.critic, trainable=critic_trainable, seed=ppo_seed(cfg)))
 
 
 def abstract_state(cfg: ml_collections.ConfigDict, model_cfg: LlamaConfig, tx: Optimizers, mesh) -> PPOState:
@@ -173,7 +184,7 @@ def online_sequences(shared: Shared, mode: str, iteration: int, state: PPOState)
   cfg = shared.cfg
   per_iteration = cfg.ppo.rollouts_per_iteration // cfg.ppo.samples_per_task
   all_tasks = common.split_tasks(cfg, cfg.env.train_split, None)
-  order = np.random.default_rng([cfg.seed, 31]).permutation(len(all_tasks))
+  order = np.random.default_rng([ppo_seed(cfg), 31]).permutation(len(all_tasks))
   tasks = [all_tasks[order[(iteration * per_iteration + k) % len(all_tasks)]] for k in range(per_iteration)]
   name = f"ppo_{mode}_it{iteration:04d}"
   _, params = nnx.split(sampling_model(state.policy))
@@ -181,7 +192,7 @@ def online_sequences(shared: Shared, mode: str, iteration: int, state: PPOState)
                  tokenizer=shared.tokenizer, tasks=tasks, split=cfg.env.train_split, name=name,
                  samples_per_task=cfg.ppo.samples_per_task, temperature=cfg.ppo.temperature,
                  top_p=cfg.ppo.top_p, max_new_tokens=cfg.ppo.max_new_tokens,
-                 seed=cfg.seed * 100_003 + iteration, pool=shared.pool)  # same across modes: paired runs
+                 seed=ppo_seed(cfg) * 100_003 + iteration, pool=shared.pool)  # same across modes: paired runs
   distributed.barrier(f"{name}-written")
   records = read_trajectories(shared.ws, name)
   sequences, _ = prm.load_sequences(records, shared.tokenizer, cfg.ppo.max_len)
@@ -191,7 +202,7 @@ def online_sequences(shared: Shared, mode: str, iteration: int, state: PPOState)
 def offline_sequences(shared: Shared, iteration: int) -> tuple[list, dict]:
   """The next `rollouts_per_iteration` labelled held-out exploration trajectories (cycling)."""
   data, count = shared.offline, shared.cfg.ppo.rollouts_per_iteration
-  order = np.random.default_rng([shared.cfg.seed, 37]).permutation(len(data))
+  order = np.random.default_rng([ppo_seed(shared.cfg), 37]).permutation(len(data))
   picked = [data[order[(iteration * count + k) % len(data)]] for k in range(min(count, len(data)))]
   return picked, {"score": 100.0 * float(np.mean([s.final_reward for s in picked])),
                   "grounding": 100.0 * float(np.mean([g for s in picked for g in s.grounding]))}
@@ -298,7 +309,7 @@ def update(shared: Shared, step_fn, state: PPOState, batch: dict[str, np.ndarray
   keys = [k for k in batch if k not in ("grounding_bs", "task_rewards_bs", "final_reward_b", "sampler_logp_bt")]
   history = []
   for epoch in range(cfg.ppo.ppo_epochs):
-    order = np.random.default_rng([cfg.seed, iteration, epoch]).permutation(len(batch["tokens_bt"]))
+    order = np.random.default_rng([ppo_seed(cfg), iteration, epoch]).permutation(len(batch["tokens_bt"]))
     for start in range(0, len(order), rows):
       index = order[start:start + rows]
       mini = {key: batch[key][index] for key in keys}
@@ -341,7 +352,7 @@ def train_mode(shared: Shared, mode: str) -> dict:
     start, kl_coef = 0, controller.initial()
   step_fn = ppo_step_fn(shared, state)
   metrics_name = f"ppo_{mode}"
-  last = {}
+  last, done, started = {}, start, time.monotonic()
   with ckpt, tracking.MetricsWriter(ws, metrics_name, cfg.tracking.tensorboard, append=resumed) as writer:
     for iteration in range(start, cfg.ppo.iterations):
       times = {}
@@ -369,9 +380,16 @@ def train_mode(shared: Shared, mode: str) -> dict:
       logging.info("ppo %s iteration %d/%d: score %.1f, policy loss %.4f, value loss %.4f, KL %.4f",
                    mode, iteration + 1, cfg.ppo.iterations, rollout.get("score", float("nan")),
                    train["policy_loss"], train["value_loss"], kl_stats["kl"])
-      ckpt.save(iteration + 1, state, {"iteration": iteration + 1, "kl_coef": kl_coef,
-                                       "fingerprint": prm.run_fingerprint(cfg, "ppo")},
-                force=iteration + 1 == cfg.ppo.iterations)
+      done = iteration + 1
+      out_of_time = distributed.main_process_decides(
+          cfg.ppo.time_budget_s is not None and time.monotonic() - started > cfg.ppo.time_budget_s)
+      ckpt.save(done, state, {"iteration": done, "kl_coef": kl_coef, "fingerprint": prm.run_fingerprint(cfg, "ppo")},
+                force=done == cfg.ppo.iterations or out_of_time)
+      if out_of_time and done < cfg.ppo.iterations:
+        logging.warning("ppo %s: stopped after iteration %d of %d, past ppo.time_budget_s=%s; the policy is "
+                        "this iteration's (run again with --config.run.force=ppo to go on from it)",
+                        mode, done, cfg.ppo.iterations, cfg.ppo.time_budget_s)
+        break
   if not last:  # resumed after its last iteration: report the recorded one
     last = {k: v for k, v in tracking.read_metrics(ws.metrics_path(metrics_name))[-1].items()
             if k not in ("step", "time")}
@@ -379,7 +397,7 @@ def train_mode(shared: Shared, mode: str) -> dict:
   if cfg.tracking.plots and distributed.is_main_process() and ws.metrics_path(metrics_name).exists():
     tracking.plot_metrics(ws.metrics_path(metrics_name), ws.plot_path(metrics_name), title=f"PPO ({mode} rewards)")
     outputs.append(str(ws.plot_path(metrics_name)))
-  return {"resumed": resumed, "final": last, "outputs": outputs}
+  return {"resumed": resumed, "iterations": done, "final": last, "outputs": outputs}
 
 
 @contextlib.contextmanager
@@ -412,4 +430,5 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
   return {**{f"{mode}_{key}": value for mode, s in summaries.items() for key, value in s["final"].items()
              if key in ("score", "kl", "policy_loss", "value_loss", "task_return")},
           "resumed": {mode: s["resumed"] for mode, s in summaries.items()},
+          "iterations": {mode: s["iterations"] for mode, s in summaries.items()},
           "outputs": [path for s in summaries.values() for path in s["outputs"]]}

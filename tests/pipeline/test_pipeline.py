@@ -64,6 +64,15 @@ def test_config_change_redoes_the_stage_and_everything_downstream_only(cfg):
   assert run(cfg, stages) == ["eval"]
 
 
+def test_ppo_seed_redoes_ppo_only_and_its_time_budget_nothing(cfg):
+  stages = FakeStages()
+  run(cfg, stages)
+  cfg.ppo.seed = 3  # PPO seeds share the SFT policy, exploration and estimator of config.seed
+  assert run(cfg, stages) == ["ppo", "eval"]
+  cfg.ppo.time_budget_s = 60.0  # bounds how long a run goes on, not what it computes
+  assert run(cfg, stages) == []
+
+
 def test_shared_section_change_redoes_everything(cfg):
   stages = FakeStages()
   run(cfg, stages)

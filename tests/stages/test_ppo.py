@@ -62,6 +62,25 @@ def test_online_ppo_changes_the_policy_and_resumes_after_a_kill(tmp_path_factory
   for key in trained:  # the same rollouts and updates as the uninterrupted run
     np.testing.assert_array_equal(again[key], trained[key], err_msg=key)
 
+  # a time budget every iteration overruns: stops after iteration 1 with that iteration's policy ...
+  budget = Workspace(workspace_copy(tmp_path_factory, tmp_path / "budget"))
+  stopped = ppo.run(make_config(budget.root, ONLINE | {"ppo.time_budget_s": 1e-6}), budget)
+  assert stopped["iterations"] == {"spa": 1}
+  assert [row["step"] for row in read_metrics(budget.metrics_path("ppo_spa"))] == [1]
+  first = _weights(budget, "ppo_spa")
+  assert any(not np.array_equal(first[k], trained[k]) for k in trained)  # not yet the 2-iteration policy
+  # ... and a rerun without it goes on from that checkpoint to the uninterrupted result
+  went_on = ppo.run(make_config(budget.root, ONLINE), budget)
+  assert went_on["resumed"] == {"spa": True} and went_on["iterations"] == {"spa": 2}
+  for key in trained:
+    np.testing.assert_array_equal(_weights(budget, "ppo_spa")[key], trained[key], err_msg=key)
+
+  # another ppo.seed, from the same SFT policy and estimator: other rollouts, another policy
+  reseeded = Workspace(workspace_copy(tmp_path_factory, tmp_path / "reseeded"))
+  ppo.run(make_config(reseeded.root, ONLINE | {"ppo.seed": 1}), reseeded)
+  other = _weights(reseeded, "ppo_spa")
+  assert any(not np.array_equal(other[k], trained[k]) for k in trained)
+
 
 @pytest.mark.slow
 def test_offline_ppo_trains_on_the_label_stage_rewards(tmp_path_factory, tmp_path):
