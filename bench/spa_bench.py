@@ -11,6 +11,12 @@ Each seed runs `python -m spa_jax.main --config=<config> --config.seed=<k>` (def
 configs/eval.py) in <root>/seed<k>/ (no stage is shared between seeds: SFT, exploration, the
 estimator and the PPO runs all depend on the seed). A rerun reuses finished stages of the same
 config and resumes PPO from its last checkpoint, so a long run can be a series of short ones.
+
+`--upstream-seed U` measures PPO's own spread instead: ONE SFT policy, exploration and estimator
+(config.seed=U, in <root>/upstream, its SFT evaluated there once), and each --seeds k a PPO seed
+(`ppo.seed=k`) from it, every reward mode in its own copy of the upstream workspace
+(<root>/seed<k>_<mode>, checkpoints and policies hard-linked), so all of them run side by side
+(--jobs) and the sparse and SPA runs of one PPO seed see the same task order and sampling seeds.
 Collected per seed: the eval report (score = mean reward x 100, success rate, purchase rate,
 grounding accuracy per policy), the estimator's held-out MSE / Pearson correlation and the PPO
 runs' per-iteration train-rollout curves. Reported: mean, sample standard deviation and the 95%
@@ -47,21 +53,71 @@ QUICK = {"explore.max_tasks": 8, "ppo.iterations": 2, "ppo.rollouts_per_iteratio
          "eval.max_tasks": 8, "eval.policies": ",".join(POLICIES)}
 
 
+def run_pipeline(workdir: pathlib.Path, overrides: dict[str, str], config: str) -> dict:
+  """Runs (or reuses) `spa_jax.main` in `workdir` (log: <workdir>.log); returns its CPU/wall time."""
+  command = [sys.executable, "-m", "spa_jax.main", f"--config={config}", f"--workdir={workdir}",
+             "--config.tracking.progress=False", *(f"--config.{path}={value}" for path, value in overrides.items())]
+  started = time.time()
+  print(f"{workdir.name}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
+  log_path = workdir.with_name(workdir.name + ".log")
+  with open(log_path, "w") as log:
+    child = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    _, status, usage = os.wait4(child.pid, 0)  # this child's own CPU time, also when runs go at once
+  if exit_code := os.waitstatus_to_exitcode(status):
+    raise RuntimeError(f"{workdir.name} failed (exit {exit_code}); see {log_path}")
+  return {"wall_s": round(time.time() - started, 1), "cpu_s": round(usage.ru_utime + usage.ru_stime, 1)}
+
+
 def run_seed(root: pathlib.Path, seed: int, overrides: dict[str, str], config: str = "configs/eval.py") -> dict:
   """Runs (or reuses) the pipeline of one seed; returns its results and CPU/wall time."""
   workdir = root / f"seed{seed}"
-  command = [sys.executable, "-m", "spa_jax.main", f"--config={config}", f"--workdir={workdir}",
-             f"--config.seed={seed}", "--config.tracking.progress=False",
-             *(f"--config.{path}={value}" for path, value in overrides.items())]
-  started = time.time()
-  print(f"seed {seed}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
-  with open(root / f"seed{seed}.log", "w") as log:
-    child = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    _, status, usage = os.wait4(child.pid, 0)  # this child's own CPU time, also when seeds run at once
-  if exit_code := os.waitstatus_to_exitcode(status):
-    raise RuntimeError(f"seed {seed} failed (exit {exit_code}); see {root / f'seed{seed}.log'}")
-  return {"seed": seed, "wall_s": round(time.time() - started, 1),
-          "cpu_s": round(usage.ru_utime + usage.ru_stime, 1), **collect(workdir)}
+  return {"seed": seed, **run_pipeline(workdir, {"seed": str(seed), **overrides}, config), **collect(workdir)}
+
+
+def upstream_copy(upstream: pathlib.Path, workdir: pathlib.Path) -> None:
+  """A workspace that reuses `upstream`'s finished stages: its checkpoints and policies hard-linked
+  (nothing rewrites them), everything else copied (the lock, metrics and reports are per workspace)."""
+  if workdir.exists():
+    return  # a rerun: the copy resumes where it stopped
+
+  def link_or_copy(src: str, dst: str) -> None:
+    if pathlib.Path(src).relative_to(upstream).parts[0] in ("checkpoints", "policies"):
+      os.link(src, dst)
+    else:
+      shutil.copy2(src, dst)
+  shutil.copytree(upstream, workdir, copy_function=link_or_copy, ignore=shutil.ignore_patterns("lock"))
+
+
+def run_ppo_seeds(root: pathlib.Path, upstream_seed: int, seeds: list[int], overrides: dict[str, str],
+                  config: str, jobs: int) -> list[dict]:
+  """PPO seeds from one upstream (SFT, exploration, estimator of config.seed=`upstream_seed`): every
+  (seed, reward mode) in its own workspace copy, side by side; results per PPO seed with the
+  upstream's SFT row."""
+  modes = [m.strip() for m in overrides.get("ppo.reward_modes", "sparse,spa").split(",") if m.strip()]
+  upstream = root / "upstream"
+  common = {**overrides, "seed": str(upstream_seed)}
+  run_pipeline(upstream, {**common, "run.targets": "label" if "spa" in modes else "sft"}, config)
+  for seed in seeds:
+    for mode in modes:
+      upstream_copy(upstream, root / f"seed{seed}_{mode}")
+  runs = {("sft", None): (upstream, {**common, "run.targets": "eval", "eval.policies": "sft"})}
+  runs |= {(seed, mode): (root / f"seed{seed}_{mode}",
+                          {**common, "ppo.seed": str(seed), "ppo.reward_modes": mode, "run.targets": "eval",
+                           "eval.policies": f"ppo_{mode}"}) for seed in seeds for mode in modes}
+  with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
+    times = dict(zip(runs, pool.map(lambda run: run_pipeline(*run, config), runs.values())))
+  base = collect(upstream)
+  results = []
+  for seed in seeds:
+    result = {**base, "seed": seed, "policies": dict(base["policies"]), "curves": {}, "wall_s": 0.0, "cpu_s": 0.0}
+    for mode in modes:
+      own = collect(root / f"seed{seed}_{mode}")
+      result["policies"] |= own["policies"]
+      result["curves"] |= own["curves"]
+      result["wall_s"] = max(result["wall_s"], times[seed, mode]["wall_s"])
+      result["cpu_s"] += times[seed, mode]["cpu_s"]
+    results.append(result)
+  return results
 
 
 def collect(workdir: pathlib.Path) -> dict:
@@ -212,6 +268,9 @@ def main() -> None:
   parser.add_argument("--root", default=str(REPO / "runs" / "spa_bench"), help="workspaces go in <root>/seed<k>")
   parser.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="extra config override")
   parser.add_argument("--no-results", action="store_true", help="do not append to bench/RESULTS.md")
+  parser.add_argument("--upstream-seed", type=int, default=None,
+                      help="one SFT policy / exploration / estimator (config.seed=this) for every seed; "
+                           "--seeds are then PPO seeds (ppo.seed), each reward mode a separate run")
   parser.add_argument("--jobs", type=int, default=1,
                       help="seeds run at once (a many-core or GPU machine; on a GPU also set "
                            "XLA_PYTHON_CLIENT_PREALLOCATE=false so the processes share its memory)")
@@ -220,11 +279,17 @@ def main() -> None:
   root.mkdir(parents=True, exist_ok=True)
   overrides = {**(QUICK if args.quick else {}), **parse_overrides(args.set)}
   seed_list = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
-  with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-    seeds = list(pool.map(lambda seed: run_seed(root, seed, overrides, args.config), seed_list))
+  if args.upstream_seed is not None:
+    seeds = run_ppo_seeds(root, args.upstream_seed, seed_list, overrides, args.config, args.jobs)
+  else:
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+      seeds = list(pool.map(lambda seed: run_seed(root, seed, overrides, args.config), seed_list))
   summary = aggregate(seeds)
   summary["reference"] = reference(pathlib.Path(seeds[0]["workspace"]))
   table = markdown(seeds, summary)
+  if args.upstream_seed is not None:
+    table = (f"PPO seeds {args.seeds} from ONE SFT policy, exploration and estimator (config.seed="
+             f"{args.upstream_seed}): the spread is PPO's alone; the sft row is that one policy.\n\n" + table)
   report = {"seeds": seeds, "summary": summary, "overrides": overrides, "config": args.config}
   (root / "spa_bench.json").write_text(json.dumps(report, indent=2) + "\n")
   if any(s["curves"] for s in seeds):
