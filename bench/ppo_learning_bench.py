@@ -15,7 +15,8 @@ value loss, the critic's explained variance and the sampler/old-policy log-prob 
 
 Goals (issue 14): grounding_only raises train grounding by >= 15 points over its iteration-1 level and
 keeps it there (mean of the last 5 iterations, and their minimum above iteration 1 + 10); sparse
-raises the train score (mean of the last 5 above iteration 1's and a positive least-squares slope);
+raises the train score (mean of the last 5 above the first 5's, and the least-squares slope of the
+score over iterations above 0 with its 95% confidence interval: a trend beyond the goal-set noise);
 the logged KL is >= 0 within its noise (every iteration above -2 standard errors) and grows as the
 policy moves (last-5 mean above the first 5). Writes <workdir>/ppo_learning.{md,json,png}, copies
 the plot to bench/plots/ and appends the table to bench/RESULTS.md.
@@ -34,6 +35,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from scipy import stats  # noqa: E402
 
 from results_log import REPO, append_section  # noqa: E402
 from spa_jax.tracking import read_metrics  # noqa: E402
@@ -65,6 +67,13 @@ def curves(workdir: pathlib.Path, mode: str) -> dict[str, np.ndarray]:
           for name in ("step", "kl_stderr", *CURVES)}
 
 
+def score_trend(c: dict[str, np.ndarray]) -> tuple[float, float, float]:
+  """Least-squares slope of the train score per iteration and its 95% CI (Student t, n - 2 dof)."""
+  fit = stats.linregress(c["step"], c["score"])
+  half = float(stats.t.ppf(0.975, c["step"].size - 2) * fit.stderr)
+  return float(fit.slope), float(fit.slope) - half, float(fit.slope) + half
+
+
 def goals(mode: str, c: dict[str, np.ndarray]) -> dict[str, bool]:
   first, last = 0, slice(-LAST, None)
   kl_ok = bool(np.all(c["kl"] >= -2 * np.nan_to_num(c["kl_stderr"]) - 1e-6))
@@ -74,8 +83,8 @@ def goals(mode: str, c: dict[str, np.ndarray]) -> dict[str, bool]:
     result["grounding_up_15_and_kept"] = bool(np.mean(c["grounding"][last]) >= c["grounding"][first] + 15
                                               and np.min(c["grounding"][last]) >= c["grounding"][first] + 10)
   if mode == "sparse":
-    slope = np.polyfit(c["step"], c["score"], 1)[0]
-    result["score_up"] = bool(np.mean(c["score"][last]) > c["score"][first] and slope > 0)
+    _, slope_low, _ = score_trend(c)
+    result["score_up"] = bool(np.mean(c["score"][last]) > np.mean(c["score"][:LAST]) and slope_low > 0)
   return result
 
 
@@ -90,7 +99,10 @@ def table(all_curves: dict[str, dict], all_goals: dict[str, dict]) -> str:
                    f"{c['purchase_rate'][i]:.1f} | {c['task_return'][i]:.3f} | {c['kl'][i]:.2f} ± "
                    f"{c['kl_stderr'][i]:.2f} | {c['clip_frac'][i]:.3f} | {c['value_loss'][i]:.4f} | "
                    f"{c['explained_variance'][i]:.2f} | {c['sampler_logp_gap_max'][i]:.1e} |")
-    lines += ["", f"Goals: {json.dumps(all_goals[mode])}", ""]
+    slope, low, high = score_trend(c)
+    lines += ["", f"Train score: first 5 iterations {np.mean(c['score'][:LAST]):.1f}, last 5 "
+              f"{np.mean(c['score'][-LAST:]):.1f}; slope {slope:+.3f} per iteration, 95% CI [{low:+.3f}, {high:+.3f}]",
+              "", f"Goals: {json.dumps(all_goals[mode])}", ""]
   return "\n".join(lines)
 
 
