@@ -118,11 +118,13 @@ def run_episodes(policy_sampler, params, pool: EnvBatch, tokenizer, tasks: Seque
                  max_new_tokens: int = 512, rng: jax.Array,
                  on_trajectory: Callable[[dict], None],
                  one_shot: bool = True, history_window: int = 0, policy: str = "",
-                 env_settings: dict | None = None, show_progress: bool = True) -> dict:
+                 env_settings: dict | None = None, show_progress: bool = True, share_prefix: bool = True) -> dict:
   """Runs `samples_per_task` episodes of each task (a goal index); returns `summarize` + throughput.
 
   `policy_sampler` is a `spa_jax.rollout.generate.Sampler` (or anything with its API); it and
   `pool` must have at least one slot each and use the first min(batch_size, num_envs) slots.
+  With `share_prefix`, the prompt every episode starts with (`agent_format.prompt_messages`) is
+  prefilled once for `params` and its keys/values copied into each row that starts from it.
   """
   num_slots = min(policy_sampler.batch_size, pool.num_envs)
   if num_slots < 1:
@@ -152,6 +154,24 @@ def run_episodes(policy_sampler, params, pool: EnvBatch, tokenizer, tasks: Seque
 
   lockstep = getattr(policy_sampler, "lockstep", False)
   resets: list[int] = []  # rows to empty before their next extend (windowed re-encoding)
+  prefix, prefix_starts = None, 0
+  if share_prefix:
+    prefix = policy_sampler.prefill_prefix(params, tokenizer.encode_chat(af.prompt_messages(one_shot))[0])
+
+  def start_from_prefix(state, emptied: list[int]):
+    """Rows among `emptied` whose next tokens begin with the shared prefix take its keys/values."""
+    nonlocal prefix_starts
+    if prefix is None:
+      return state
+    size = len(prefix.tokens)
+    starts = [s for s in emptied if tuple(slots[s].pending_ids[:size]) == prefix.tokens]
+    state = policy_sampler.start_rows(state, starts, prefix)
+    prefix_starts += len(starts)
+    for s in starts:  # recorded as if extended: the tokens are the episode's, only their prefill is shared
+      slots[s].tokens += slots[s].pending_ids[:size]
+      slots[s].action_mask += [0] * size
+      slots[s].pending_ids = slots[s].pending_ids[size:]
+    return state
 
   def working() -> bool:
     local = bool(queue or any(slots))
@@ -159,8 +179,9 @@ def run_episodes(policy_sampler, params, pool: EnvBatch, tokenizer, tasks: Seque
 
   while working():
     free = [s for s in range(num_slots) if slots[s] is None][:len(queue)]
-    if free or resets or lockstep:
-      state = policy_sampler.reset_rows(state, free + resets)
+    emptied = free + resets
+    if emptied or lockstep:
+      state = policy_sampler.reset_rows(state, emptied)
       resets = []
     if free:
       work = [queue.popleft() for _ in free]
@@ -170,6 +191,8 @@ def run_episodes(policy_sampler, params, pool: EnvBatch, tokenizer, tasks: Seque
         ids, mask = tokenizer.encode_chat(list(af.windowed(conversation, history_window).messages),
                                           add_generation_prompt=True)
         slots[slot] = _Episode(task, k, conversation, ids, goal=info.get("goal"))
+    if emptied or lockstep:
+      state = start_from_prefix(state, emptied)
 
     rows = [s for s in range(num_slots) if slots[s] is not None]
     for slot in policy_sampler.overflowing_rows(state, rows, [slots[s].pending_ids for s in rows]):
@@ -242,7 +265,8 @@ def run_episodes(policy_sampler, params, pool: EnvBatch, tokenizer, tasks: Seque
   bar.close()
   elapsed = max(time.time() - started, 1e-9)
   return {**summarize(records), "generated_tokens": generated_tokens, "seconds": elapsed,
-          "episodes_per_s": len(records) / elapsed, "tokens_per_s": generated_tokens / elapsed}
+          "episodes_per_s": len(records) / elapsed, "tokens_per_s": generated_tokens / elapsed,
+          "prefix_starts": prefix_starts, "prefix_tokens": len(prefix.tokens) if prefix else 0}
 
 
 class ProcessRowsSampler:
@@ -281,6 +305,12 @@ class ProcessRowsSampler:
 
   def reset_rows(self, state, rows):
     return self.sampler.reset_rows(state, self._gather_rows(rows))
+
+  def prefill_prefix(self, params, tokens):
+    return self.sampler.prefill_prefix(params, tokens)  # the same prompt, hence the same prefix, everywhere
+
+  def start_rows(self, state, rows, prefix):
+    return self.sampler.start_rows(state, self._gather_rows(rows), prefix)
 
   def overflowing_rows(self, state, rows, token_lists, reserve: int = 1) -> list[int]:
     global_rows = [self.offset + r for r in rows]

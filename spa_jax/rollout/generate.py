@@ -7,11 +7,18 @@
                                   temperature=1.0, stop=REACT_ACTION_LINE)  # one agent turn
     state = sampler.extend(params, state, rows, next_turn_token_lists)     # observation appended
     state = sampler.reset_rows(state, finished_rows)                       # refill with new episodes
+    prefix = sampler.prefill_prefix(params, shared_prompt_ids)              # once per policy version
+    state = sampler.start_rows(state, new_rows, prefix)                     # its keys/values copied in
 
 Row bookkeeping: a row's sequence is every token extended or generated since its reset. The
 newest token of each row is "pending": it is held in `pending_b` and written to the cache by the
 next extend/decode step, which is also the step that needs its logits. So prefill never computes
 vocabulary logits, and every decode step feeds exactly one token per row.
+
+Shared prefix: every episode's prompt starts with the same tokens (instruction, "OK", the one-shot
+demonstration: ~1.1k tokens with the real presets). `prefill_prefix` computes their keys/values once,
+on one row of their own, and `start_rows` copies them into emptied rows, which then hold the prefix
+as if they had been extended with it (the prefix's last token pending); only the rest is prefilled.
 
 Shapes are static: the batch is `batch_size`, extensions are padded to `length_buckets` (longer
 ones run in several chunks), decode writes into a [batch, bucket(max_new_tokens)] buffer inside one
@@ -65,6 +72,14 @@ class Generation:
     finish_reasons: list[str]  # "eos" | "stop" | "length" | "context_limit" | "" (not generating)
 
 
+@dataclasses.dataclass(frozen=True)
+class SharedPrefix:
+    """Keys/values of a token prefix that many rows start with, computed once (`Sampler.prefill_prefix`)."""
+
+    tokens: tuple[int, ...]
+    cache: KVCache  # one row; slots 0 .. len(tokens) - 2 written (the last token is left pending)
+
+
 def _next_power_of_two(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
@@ -110,6 +125,8 @@ class Sampler:
         self._stop_tables: dict[StopSequence | None, jax.Array] = {}
         self._extend_chunk = jax.jit(self._extend_chunk_fn, donate_argnums=(1, 2))
         self._decode = jax.jit(self._decode_fn, donate_argnums=(1, 2), static_argnames=("max_steps",))
+        self._prefill_prefix = jax.jit(self._prefill_prefix_fn)
+        self._start_rows = jax.jit(self._start_rows_fn, donate_argnums=(0, 1))
 
     # ------------------------------------------------------------------------------------------
     # Host API
@@ -132,6 +149,37 @@ class Sampler:
         lengths = state.lengths.copy()
         lengths[self._checked_rows(rows)] = 0
         return dataclasses.replace(state, lengths=lengths)
+
+    def prefill_prefix(self, params: nnx.State, tokens: Sequence[int]) -> SharedPrefix | None:
+        """The keys/values of `tokens` under `params`, for `start_rows` (None when there are fewer than 2
+        tokens or they leave no room to generate)."""
+        tokens = tuple(int(t) for t in tokens)
+        if not 2 <= len(tokens) < self.max_len:
+            return None
+        width = min(_next_power_of_two(len(tokens)), self.max_len)  # one compiled shape per power of two
+        tokens_1l = np.full((1, width), self.tokenizer.pad_id, np.int32)
+        tokens_1l[0, : len(tokens)] = tokens
+        with self._mesh_context():
+            cache = self._prefill_prefix(params, self._put(tokens_1l, (None, None)), np.int32(len(tokens)))
+        return SharedPrefix(tokens=tokens, cache=cache)
+
+    def start_rows(self, state: DecodeState, rows: Sequence[int], prefix: SharedPrefix) -> DecodeState:
+        """Empty `rows` holding `prefix`, as if extended with its tokens (the next extend continues it)."""
+        rows = self._checked_rows(rows)
+        if not rows:
+            return state
+        busy = [row for row in rows if state.lengths[row]]
+        if busy:
+            raise ValueError(f"rows {busy} are not empty; reset_rows them before start_rows")
+        index_r = np.full(self.batch_size, self.batch_size, np.int32)  # out of range: dropped
+        index_r[: len(rows)] = rows
+        with self._mesh_context():
+            cache, pending_b = self._start_rows(
+                state.cache, state.pending_b, prefix.cache, self._put(index_r, (None,)), np.int32(prefix.tokens[-1])
+            )
+        lengths = state.lengths.copy()
+        lengths[rows] = len(prefix.tokens)
+        return DecodeState(cache=cache, pending_b=pending_b, lengths=lengths)
 
     def overflowing_rows(
         self, state: DecodeState, rows: Sequence[int], token_lists: Sequence[Sequence[int]], reserve: int = 1
@@ -259,6 +307,31 @@ class Sampler:
         last_b = jnp.take_along_axis(tokens_bl, jnp.maximum(counts_b - 1, 0)[:, None], axis=1)[:, 0]
         pending_b = jnp.where(counts_b > 0, last_b, pending_b)
         return self._constrain_cache(cache), pending_b
+
+    def _prefill_prefix_fn(self, params, tokens_1l, count):
+        """A one-row cache of width tokens_1l.shape[1] holding the first count - 1 tokens' keys/values."""
+        model = nnx.merge(self.graphdef, params)
+        width = tokens_1l.shape[1]
+        offsets_1l = jnp.arange(width, dtype=jnp.int32)[None]
+        positions_1l = jnp.where(offsets_1l < count - 1, offsets_1l, width)  # the rest is parked (dropped)
+        cache = KVCache.init(self.cfg, 1, width, self.cache_dtype)
+        _, _, cache = model(tokens_1l, positions_1l, cache=cache, compute_logits=False)
+        return cache
+
+    def _start_rows_fn(self, cache, pending_b, prefix, index_r, last_token):
+        """Copies the prefix's slots into rows index_r (entries >= batch are dropped); sets their pending token."""
+        width = prefix.k[0].shape[2]
+
+        def copy(layers, prefix_layers):
+            return tuple(
+                old.at[index_r, :, :width].set(
+                    jnp.broadcast_to(new, (index_r.shape[0], *new.shape[1:])).astype(old.dtype), mode="drop"
+                )
+                for old, new in zip(layers, prefix_layers)
+            )
+
+        cache = KVCache(k=copy(cache.k, prefix.k), v=copy(cache.v, prefix.v))
+        return self._constrain_cache(cache), pending_b.at[index_r].set(last_token, mode="drop")
 
     def _decode_fn(
         self, params, cache, pending_b, lengths_b, active_b, max_new_b, temperature_b, top_p_b,

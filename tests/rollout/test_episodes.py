@@ -14,7 +14,7 @@ import pytest
 from spa_jax.models.tokenizer import SentencePieceTokenizer
 from spa_jax.rollout import agent_format as af
 from spa_jax.rollout import episodes
-from spa_jax.rollout.generate import Generation
+from spa_jax.rollout.generate import Generation, SharedPrefix
 
 ASIN = "B0TEST0001"
 SEARCH_PAGE = "WebShop [SEP] Instruction: [SEP] {goal} [SEP] Search"
@@ -94,6 +94,15 @@ class ScriptedSampler:
   def reset_rows(self, state, rows):
     return [[] if r in rows else seq for r, seq in enumerate(state)]
 
+  def prefill_prefix(self, params, tokens):
+    self.prefix_calls = getattr(self, "prefix_calls", 0) + 1
+    return SharedPrefix(tuple(tokens), cache=None)
+
+  def start_rows(self, state, rows, prefix):
+    assert all(not state[r] for r in rows), "start_rows on a row that was not emptied"
+    self.started_rows = getattr(self, "started_rows", 0) + len(rows)
+    return [list(prefix.tokens) if r in rows else seq for r, seq in enumerate(state)]
+
   def overflowing_rows(self, state, rows, token_lists, reserve=1):
     return [r for r, t in zip(rows, token_lists) if len(state[r]) + len(t) + reserve > self.max_len]
 
@@ -130,15 +139,31 @@ def tokenizer(tmp_path_factory):
   return SentencePieceTokenizer.train_or_load(corpus, tmp_path_factory.mktemp("spm"), vocab_size=700)
 
 
-def run(tokenizer, tasks, *, batch=3, samples=2, max_steps=10, max_len=4096, history_window=0):
+def run(tokenizer, tasks, *, batch=3, samples=2, max_steps=10, max_len=4096, history_window=0, share_prefix=True):
   sampler = ScriptedSampler(tokenizer, batch, max_len)
   records = []
   summary = episodes.run_episodes(
       sampler, None, ToyShop(batch, max_steps), tokenizer, tasks, samples_per_task=samples,
       temperature=1.0, top_p=1.0, max_new_tokens=64, rng=jax.random.key(0),
       on_trajectory=records.append, history_window=history_window, policy="test-policy",
-      env_settings={"catalogue": "toy"}, show_progress=False)
+      env_settings={"catalogue": "toy"}, show_progress=False, share_prefix=share_prefix)
   return sampler, records, summary
+
+
+@pytest.mark.parametrize("history_window", [0, 2])
+def test_the_shared_prompt_prefix_changes_no_record(tokenizer, history_window):
+  """Rows started from the once-prefilled prompt record the same episodes as rows prefilled whole;
+  every episode start (and, with a window, every re-encoded turn) takes the prefix."""
+  tasks = [0, 1, 2, 3, 4, 6]
+  shared, with_prefix, summary = run(tokenizer, tasks, batch=4, history_window=history_window)
+  plain, without, plain_summary = run(tokenizer, tasks, batch=4, history_window=history_window, share_prefix=False)
+  key = lambda r: (r["task_id"], r["rollout"])  # noqa: E731
+  assert sorted(with_prefix, key=key) == sorted(without, key=key)
+  assert shared.prefix_calls == 1 and not hasattr(plain, "prefix_calls")
+  episode_starts = len(with_prefix)
+  turns = sum(r["num_steps"] for r in with_prefix)
+  assert shared.started_rows == summary["prefix_starts"] == (episode_starts if history_window == 0 else turns)
+  assert summary["prefix_tokens"] > 100 and plain_summary["prefix_starts"] == plain_summary["prefix_tokens"] == 0
 
 
 def test_every_task_and_rollout_runs_once_with_a_full_batch(tokenizer):

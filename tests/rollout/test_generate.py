@@ -301,7 +301,17 @@ def test_sharded_sampler_matches_single_device(tmp_path):
                 assert len(state.cache.k[0].sharding.device_set) == 4
                 assert state.cache.k[0].sharding.spec[0] == ("data", "fsdp")
             outputs.append(out.token_ids)
-        assert outputs[0] == outputs[1], outputs
+            # rows 1 and 3 from a shared prefix (the first 5 tokens of their prompts' common start)
+            shared = sampler.prefill_prefix(params, prompts[1][:5])
+            state = sampler.start_rows(sampler.init_state(), [1, 3], shared)
+            state = sampler.extend(params, state, range(4), [prompts[0], prompts[1][5:], prompts[2], prompts[1][5:]])
+            state, out = sampler.generate(params, state, [True] * 4, rng=jax.random.key(0), max_new_tokens=6)
+            if mesh is not None:
+                assert state.cache.k[0].sharding.spec[0] == ("data", "fsdp")
+            outputs.append(out.token_ids)
+        plain, prefixed, plain_sharded, prefixed_sharded = outputs
+        assert plain == plain_sharded and prefixed == prefixed_sharded, outputs
+        assert prefixed[:3] == plain[:3] and prefixed[3] == plain[1], outputs  # row 3 had row 1's prompt
         print("SHARDED_OK")
         """
     )
@@ -312,3 +322,39 @@ def test_sharded_sampler_matches_single_device(tmp_path):
         cwd=Path(__file__).resolve().parents[2],
     )
     assert "SHARDED_OK" in result.stdout, result.stderr[-4000:]
+
+
+def test_a_shared_prefix_gives_the_tokens_and_logprobs_of_prefilling_each_row(tok, sampler, params, reference_logprobs):
+    """Rows started from a once-prefilled prefix (then extended with their own rest) decode exactly as
+    rows prefilled whole, greedy and sampled; a row prefilled whole beside them is unaffected."""
+    prefix = tok.encode_chat([{"role": "user", "content": CORPUS[0]}, {"role": "assistant", "content": "OK"}])[0]
+    rests = [tok.encode_turn_suffix([{"role": "user", "content": c}])[0] for c in PROMPTS]
+    histories = [prefix + rest for rest in rests]
+    shared = sampler.prefill_prefix(params, prefix)
+    assert shared.tokens == tuple(prefix)
+
+    def started():  # rows 0 and 2 from the prefix, row 1 prefilled whole
+        state = sampler.start_rows(sampler.init_state(), [0, 2], shared)
+        np.testing.assert_array_equal(state.lengths, [len(prefix), 0, len(prefix)])
+        return sampler.extend(params, state, range(BATCH), [rests[0], histories[1], rests[2]])
+
+    for temperature in (0.0, 1.0):
+        whole = fresh_with_prompts(sampler, params, histories)
+        _, expected = sampler.generate(params, whole, [True] * BATCH, rng=jax.random.key(5),
+                                       max_new_tokens=MAX_NEW, temperature=temperature)
+        state = started()
+        np.testing.assert_array_equal(state.lengths, [len(h) for h in histories])
+        _, got = sampler.generate(params, state, [True] * BATCH, rng=jax.random.key(5),
+                                  max_new_tokens=MAX_NEW, temperature=temperature)
+        assert got.token_ids == expected.token_ids
+        for a, b in zip(got.logprobs, expected.logprobs):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+    assert_greedy_continuations(reference_logprobs, histories, *_greedy(sampler, params, started()))
+    with pytest.raises(ValueError, match="not empty; reset_rows them before start_rows"):
+        sampler.start_rows(started(), [1], shared)
+    assert sampler.prefill_prefix(params, prefix[:1]) is None
+
+
+def _greedy(sampler, params, state):
+    _, reply = sampler.generate(params, state, [True] * BATCH, rng=jax.random.key(0), max_new_tokens=MAX_NEW)
+    return reply.token_ids, reply.logprobs
