@@ -7,7 +7,8 @@ Per pool size: episodes/s, generated tokens/s, env steps/s and the share of wall
 generation (Sampler.extend + generate) vs the env (EnvPool.reset + step). Random weights: every
 turn decodes the full --max-new-tokens (no stop fires) and acts invalidly, so every episode runs
 --max-steps turns: the generation-heaviest case. Compilation is excluded (a warm-up round runs
-first). The tokenizer is the SentencePiece one trained on the embedded catalogue; real presets
+first). Each pool size runs with the shared prompt prefix (its keys/values prefilled once and copied
+into each new episode's row) and without it (every row prefills the whole prompt), side by side. The tokenizer is the SentencePiece one trained on the embedded catalogue; real presets
 keep their full vocabulary. Prints progress to stderr, appends a section to bench/RESULTS.md and
 ends with ONE JSON line on stdout.
 """
@@ -76,6 +77,7 @@ def bench_config(args) -> "configuration.ml_collections.ConfigDict":
   cfg.agent.max_context = args.max_context
   cfg.env.pool_workers = args.workers
   cfg.env.search_backend = args.search_backend
+  cfg.agent.one_shot = args.one_shot
   cfg.tracking.progress = False
   return cfg
 
@@ -89,12 +91,12 @@ def build_policy(args, cfg, tokenizer):
   return model_cfg, model
 
 
-def measure(args, cfg, tokenizer, model_cfg, graphdef, params, num_envs: int) -> dict:
+def measure(args, cfg, tokenizer, model_cfg, graphdef, params, num_envs: int, share_prefix: bool) -> dict:
   tasks = common.split_tasks(cfg, cfg.env.train_split, None)
   sampler = common.make_sampler(cfg, model_cfg, graphdef, tokenizer, mesh=None, batch_size=num_envs)
   run = functools.partial(episodes.run_episodes, sampler, params, tokenizer=tokenizer, temperature=1.0,
                           top_p=1.0, max_new_tokens=args.max_new_tokens, on_trajectory=lambda r: None,
-                          one_shot=cfg.agent.one_shot, show_progress=False)
+                          one_shot=cfg.agent.one_shot, show_progress=False, share_prefix=share_prefix)
   with common.open_pool(cfg, num_envs) as pool:
     run(pool=pool, tasks=tasks[:num_envs], rng=jax.random.key(1))  # warm-up: compiles every shape
     watch = Stopwatch()
@@ -106,7 +108,8 @@ def measure(args, cfg, tokenizer, model_cfg, graphdef, params, num_envs: int) ->
     summary = run(pool=pool, tasks=tasks[num_envs:num_envs + episodes_total], rng=jax.random.key(2))
     seconds = time.perf_counter() - start
   return {
-      "num_envs": num_envs, "episodes": summary["episodes"], "seconds": round(seconds, 2),
+      "num_envs": num_envs, "shared_prefix": summary["prefix_tokens"] if share_prefix else 0,
+      "episodes": summary["episodes"], "seconds": round(seconds, 2),
       "episodes_per_s": round(summary["episodes"] / seconds, 3),
       "gen_tokens_per_s": round(summary["generated_tokens"] / seconds, 1),
       "env_steps_per_s": round(watch.env_steps / seconds, 1),
@@ -123,11 +126,17 @@ def append_results(args, results: list[dict], machine: str) -> None:
            f"- machine: {machine}",
            f"- command: `python bench/rollout_bench.py {' '.join(sys.argv[1:])}`",
            f"- commit: {commit}; preset {args.preset}, random weights, max_new_tokens {args.max_new_tokens}, "
-           f"max_steps {args.max_steps}, max_context {args.max_context}, search backend {args.search_backend or 'default'}\n",
-           "| envs | episodes | episodes/s | gen tokens/s | env steps/s | generation share | env share |",
-           "|---|---|---|---|---|---|---|"]
-  lines += [f"| {r['num_envs']} | {r['episodes']} | {r['episodes_per_s']} | {r['gen_tokens_per_s']} | "
-            f"{r['env_steps_per_s']} | {r['generation_share']} | {r['env_share']} |" for r in results]
+           f"max_steps {args.max_steps}, max_context {args.max_context}, search backend {args.search_backend or 'default'}, "
+           f"one-shot prompt {args.one_shot}\n",
+           "| envs | shared prefix (tokens) | episodes | episodes/s | gen tokens/s | env steps/s | generation share | env share |",
+           "|---|---|---|---|---|---|---|---|"]
+  lines += [f"| {r['num_envs']} | {r['shared_prefix'] or 'off'} | {r['episodes']} | {r['episodes_per_s']} | "
+            f"{r['gen_tokens_per_s']} | {r['env_steps_per_s']} | {r['generation_share']} | {r['env_share']} |"
+            for r in results]
+  pairs = [(on, off) for on in results for off in results
+           if on["num_envs"] == off["num_envs"] and on["shared_prefix"] and not off["shared_prefix"]]
+  lines += ["", "Shared prefix on / off, generated tokens/s: " + ", ".join(
+      f"{on['num_envs']} envs {on['gen_tokens_per_s'] / off['gen_tokens_per_s']:.2f}x" for on, off in pairs)]
   if not RESULTS.exists():
     RESULTS.write_text("# Benchmark results\n\nAppend-only: one section per run (date, machine, command, results).\n")
   with RESULTS.open("a") as f:
@@ -145,6 +154,8 @@ def main() -> None:
   parser.add_argument("--max-context", type=int, default=2048, help="tokens per sampler row (KV cache length)")
   parser.add_argument("--workers", type=int, default=2, help="EnvPool worker processes")
   parser.add_argument("--search-backend", default="", help='"" (env default) or e.g. "bm25" (no Java)')
+  parser.add_argument("--one-shot", action="store_true",
+                      help="the real presets' prompt (instruction + demonstration, ~1.1k tokens; tiny: instruction only)")
   parser.add_argument("--no-results", action="store_true", help="do not append to bench/RESULTS.md")
   args = parser.parse_args()
   if args.quick:
@@ -160,8 +171,9 @@ def main() -> None:
              f"({getattr(device, 'device_kind', device.platform)}), jax {jax.__version__}")
   results = []
   for num_envs in [int(n) for n in args.num_envs.split(",")]:
-    results.append(measure(args, cfg, tokenizer, model_cfg, graphdef, params, num_envs))
-    print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    for share_prefix in (True, False):
+      results.append(measure(args, cfg, tokenizer, model_cfg, graphdef, params, num_envs, share_prefix))
+      print(json.dumps(results[-1]), file=sys.stderr, flush=True)
   if not args.no_results:
     append_results(args, results, machine)
   print(json.dumps({"bench": "rollout", "preset": args.preset, "machine": machine,
