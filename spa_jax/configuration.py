@@ -198,7 +198,7 @@ def _base_errors(errors: list[str], cfg) -> None:
   _choice(errors, cfg, "model.dtype", DTYPES)
   _choice(errors, cfg, "model.param_dtype", ("float32", "bfloat16"))
   _choice(errors, cfg, "model.remat_policy", REMAT_POLICIES)
-  for field in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
+  for field in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "vocab_size"):
     _check(errors, cfg, f"model.arch.{field}", lambda v: v is None or v >= 1, "None (the preset's) or >= 1")
   _at_least(errors, cfg, "model.lora.rank", 1)
   _positive(errors, cfg, "model.lora.alpha")

@@ -167,7 +167,10 @@ def model_config(cfg: ml_collections.ConfigDict, tokenizer: Tokenizer) -> LlamaC
     return LlamaConfig.from_hf_dict(hf_config, **run_settings(cfg))
   overrides = {name: value for name, value in cfg.model.arch.items() if value is not None}
   if cfg.tokenizer.kind == "sentencepiece":
-    overrides["vocab_size"] = tokenizer.vocab_size
+    overrides.setdefault("vocab_size", tokenizer.vocab_size)
+  if overrides.get("vocab_size", tokenizer.vocab_size) < tokenizer.vocab_size:
+    raise ValueError(f"config.model.arch.vocab_size={overrides['vocab_size']} is smaller than the tokenizer's "
+                     f"{tokenizer.vocab_size} ids: raise it or leave it unset (None: the tokenizer's)")
   return LlamaConfig.preset(cfg.model.preset, bos_token_id=tokenizer.bos_id, eos_token_ids=(tokenizer.eos_id,),
                             **run_settings(cfg), **overrides)
 

@@ -74,6 +74,7 @@ def test_unknown_preset_is_rejected():
     ("ppo.length_bucket", 0, "config.ppo.length_bucket=0: must be >= 1"),
     ("ppo.checkpoint_every", 0, "config.ppo.checkpoint_every=0: must be >= 1"),
     ("ppo.kl.estimator", "k2", "config.ppo.kl.estimator='k2': must be one of ('kl', 'k3')"),
+    ("model.arch.vocab_size", 0, "config.model.arch.vocab_size=0: must be None (the preset's) or >= 1"),
     ("ppo.time_budget_s", 0.0, "config.ppo.time_budget_s=0.0: must be > 0 seconds"),
     ("ppo.seed", -2, "config.ppo.seed=-2: must be >= 0"),
 ])

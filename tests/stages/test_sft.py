@@ -33,6 +33,19 @@ def test_expert_examples_train_on_the_agent_steps_only(micro_config):
     assert len(example.step_ends) >= 3  # search, click product, ..., buy
 
 
+def test_model_vocabulary_follows_the_tokenizer_unless_set_larger(micro_config):
+  """model.arch.vocab_size: unset, the SentencePiece tokenizer's; larger, e.g. Llama-3's for speed
+  benchmarks (ids past the tokenizer's stay unused); smaller than the tokenizer's, an error."""
+  cfg = micro_config("sft")
+  tokenizer = common.load_tokenizer(cfg, Workspace(cfg.workspace))
+  assert common.model_config(cfg, tokenizer).vocab_size == tokenizer.vocab_size
+  cfg.model.arch.vocab_size = 128_256
+  assert common.model_config(cfg, tokenizer).vocab_size == 128_256
+  cfg.model.arch.vocab_size = tokenizer.vocab_size - 1
+  with pytest.raises(ValueError, match="smaller than the tokenizer's"):
+    common.model_config(cfg, tokenizer)
+
+
 def test_dataset_without_agent_steps_is_an_error(micro_config, tmp_path):
   path = tmp_path / "webshop_sft.json"
   path.write_text(json.dumps([{"id": "0", "conversations": [
