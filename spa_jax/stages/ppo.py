@@ -325,7 +325,8 @@ def update(shared: Shared, step_fn, state: PPOState, batch: dict[str, np.ndarray
       mini = {key: batch[key][index] for key in keys}
       with jax.set_mesh(shared.mesh):
         state, metrics = step_fn(state, to_global_batch(prm.process_rows(mini), shared.mesh))
-      history.append({name: float(value) for name, value in metrics.items()})
+      history.append(metrics)  # device arrays: no host sync, the next mini-batch is prepared meanwhile
+  history = jax.device_get(history)
   return state, {name: float(np.mean([h[name] for h in history])) for name in history[0]}
 
 
