@@ -25,7 +25,9 @@ to the reference per trajectory, from the sampled tokens) with `kl_stderr`, the 
 old-policy log-prob| over the sampled tokens, an invariant (0 up to float noise) that catches a
 sampler running other weights than the policy it is trained as. They also time the phases
 (wall seconds, compilation included: the first iteration compiles): `time_rollout_s` (1, online
-or offline data), `time_rewards_s` (2), `time_targets_s` (3-4), `time_update_s` (5); and, on
+or offline data), `time_rewards_s` (2), `time_targets_s` (3-4), `time_update_s` (5); count the tokens
+(`generated_tokens` by the sampler, online; `batch_tokens` in the trajectories trained on;
+`padded_tokens` in their padded batch); and, on
 GPU/TPU, `peak_memory_gb`: the device allocator's high-water mark at the iteration's end (GB since
 the process started, so it includes earlier stages run in the same process).
 
