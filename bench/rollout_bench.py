@@ -108,7 +108,7 @@ def measure(args, cfg, tokenizer, model_cfg, graphdef, params, num_envs: int, sh
     summary = run(pool=pool, tasks=tasks[num_envs:num_envs + episodes_total], rng=jax.random.key(2))
     seconds = time.perf_counter() - start
   return {
-      "num_envs": num_envs, "shared_prefix": summary["prefix_tokens"] if share_prefix else 0,
+      "num_envs": num_envs, "shared_prefix": summary["prefix_tokens"],
       "episodes": summary["episodes"], "seconds": round(seconds, 2),
       "episodes_per_s": round(summary["episodes"] / seconds, 3),
       "gen_tokens_per_s": round(summary["generated_tokens"] / seconds, 1),

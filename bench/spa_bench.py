@@ -95,14 +95,14 @@ def run_ppo_seeds(root: pathlib.Path, upstream_seed: int, seeds: list[int], over
   upstream's SFT row."""
   modes = [m.strip() for m in overrides.get("ppo.reward_modes", "sparse,spa").split(",") if m.strip()]
   upstream = root / "upstream"
-  common = {**overrides, "seed": str(upstream_seed)}
-  run_pipeline(upstream, {**common, "run.targets": "label" if "spa" in modes else "sft"}, config)
+  shared = {**overrides, "seed": str(upstream_seed)}
+  run_pipeline(upstream, {**shared, "run.targets": "label" if "spa" in modes else "sft"}, config)
   for seed in seeds:
     for mode in modes:
       upstream_copy(upstream, root / f"seed{seed}_{mode}")
-  runs = {("sft", None): (upstream, {**common, "run.targets": "eval", "eval.policies": "sft"})}
+  runs = {("sft", None): (upstream, {**shared, "run.targets": "eval", "eval.policies": "sft"})}
   runs |= {(seed, mode): (root / f"seed{seed}_{mode}",
-                          {**common, "ppo.seed": str(seed), "ppo.reward_modes": mode, "run.targets": "eval",
+                          {**shared, "ppo.seed": str(seed), "ppo.reward_modes": mode, "run.targets": "eval",
                            "eval.policies": f"ppo_{mode}"}) for seed in seeds for mode in modes}
   with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
     times = dict(zip(runs, pool.map(lambda run: run_pipeline(*run, config), runs.values())))

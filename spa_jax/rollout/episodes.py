@@ -179,10 +179,6 @@ def run_episodes(policy_sampler, params, pool: EnvBatch, tokenizer, tasks: Seque
 
   while working():
     free = [s for s in range(num_slots) if slots[s] is None][:len(queue)]
-    emptied = free + resets
-    if emptied or lockstep:
-      state = policy_sampler.reset_rows(state, emptied)
-      resets = []
     if free:
       work = [queue.popleft() for _ in free]
       observations, infos = pool.reset([task for task, _ in work], free)
@@ -191,8 +187,9 @@ def run_episodes(policy_sampler, params, pool: EnvBatch, tokenizer, tasks: Seque
         ids, mask = tokenizer.encode_chat(list(af.windowed(conversation, history_window).messages),
                                           add_generation_prompt=True)
         slots[slot] = _Episode(task, k, conversation, ids, goal=info.get("goal"))
+    emptied, resets = free + resets, []
     if emptied or lockstep:
-      state = start_from_prefix(state, emptied)
+      state = start_from_prefix(policy_sampler.reset_rows(state, emptied), emptied)
 
     rows = [s for s in range(num_slots) if slots[s] is not None]
     for slot in policy_sampler.overflowing_rows(state, rows, [slots[s].pending_ids for s in rows]):
