@@ -19,11 +19,15 @@ config and resumes PPO from its last checkpoint, so a long run can be a series o
 (--jobs) and the sparse and SPA runs of one PPO seed see the same task order and sampling seeds.
 Collected per seed: the eval report (score = mean reward x 100, success rate, purchase rate,
 grounding accuracy per policy), the estimator's held-out MSE / Pearson correlation and the PPO
-runs' per-iteration train-rollout curves. Reported: mean, sample standard deviation and the 95%
-confidence interval of the mean (Student t) over seeds; reference rows for the scripted expert and
-the first-result policy on the same goals (bench/reference_policies.py); the paired per-seed
-difference SPA - sparse with its 95% CI; a plot of train-rollout success rate and score against
-PPO iteration per reward mode (mean over seeds, min-max band). Writes <root>/spa_bench.md, .json
+runs' per-iteration train-rollout curves and, with `--set ppo.eval_every=K`, their held-out curves
+(greedy on the eval goals every K iterations: metrics/ppo_<mode>_eval.jsonl). Reported: mean,
+sample standard deviation and the 95% confidence interval of the mean (Student t) over seeds;
+reference rows for the scripted expert and the first-result policy on the same goals
+(bench/reference_policies.py); the paired per-seed difference SPA - sparse with its 95% CI; with
+held-out curves, per seed the first iteration at which SPA's held-out success rate reaches sparse's
+final one (as a fraction of sparse's iterations: the "half the iterations" criterion); a plot of
+train-rollout (and held-out) success rate and score against PPO iteration per reward mode (mean
+over seeds, min-max band). Writes <root>/spa_bench.md, .json
 and .png, copies the plot to bench/plots/<--name>.png, appends the table to bench/RESULTS.md and
 ends with ONE JSON line on stdout.
 """
@@ -46,6 +50,7 @@ from spa_jax.tracking import read_metrics
 
 POLICIES = ("sft", "ppo_sparse", "ppo_spa")
 CURVES = ("success_rate", "score")  # train-rollout metrics of each PPO iteration
+EVAL_CURVES = tuple(f"eval_{metric}" for metric in CURVES)  # held-out (ppo.eval_every) metrics
 METRICS = ("score", "success_rate", "purchase_rate", "grounding", "mean_steps")
 ESTIMATOR = ("heldout_mse", "heldout_pearson", "train_mse", "train_pearson")
 # --quick: the same chain, about a third of the work (fewer tasks, rollouts and PPO iterations).
@@ -109,11 +114,13 @@ def run_ppo_seeds(root: pathlib.Path, upstream_seed: int, seeds: list[int], over
   base = collect(upstream)
   results = []
   for seed in seeds:
-    result = {**base, "seed": seed, "policies": dict(base["policies"]), "curves": {}, "wall_s": 0.0, "cpu_s": 0.0}
+    result = {**base, "seed": seed, "policies": dict(base["policies"]), "curves": {}, "eval_curves": {},
+              "wall_s": 0.0, "cpu_s": 0.0}
     for mode in modes:
       own = collect(root / f"seed{seed}_{mode}")
       result["policies"] |= own["policies"]
       result["curves"] |= own["curves"]
+      result["eval_curves"] |= own["eval_curves"]
       result["wall_s"] = max(result["wall_s"], times[seed, mode]["wall_s"])
       result["cpu_s"] += times[seed, mode]["cpu_s"]
     results.append(result)
@@ -133,10 +140,14 @@ def collect(workdir: pathlib.Path) -> dict:
     estimator = json.loads(estimator_done.read_text())["summary"]
     result["estimator"] = {key: estimator.get(key) for key in ESTIMATOR}
     result["progress_plot"] = str(workdir / "plots" / "prm_progress.png")
-  result["curves"] = {}
+  result["curves"], result["eval_curves"] = {}, {}
   for path in sorted((workdir / "metrics").glob("ppo_*.jsonl")):
     rows = read_metrics(path)
-    result["curves"][path.stem] = {k: [row.get(k) for row in rows] for k in ("step", *CURVES, "kl")}
+    if path.stem.endswith("_eval"):
+      result["eval_curves"][path.stem.removesuffix("_eval")] = {k: [row.get(k) for row in rows]
+                                                                for k in ("step", *EVAL_CURVES)}
+    else:
+      result["curves"][path.stem] = {k: [row.get(k) for row in rows] for k in ("step", *CURVES, "kl")}
   return result
 
 
@@ -171,28 +182,57 @@ def reference(workdir: pathlib.Path) -> dict[str, dict[str, float]]:
   return reference_rows(common.load_catalogue(cfg), tasks, **common.env_kwargs(cfg))
 
 
+def common_steps(seeds: list[dict], kind: str, name: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
+  """(steps every seed's `kind` curve of run `name` has, [seeds, steps] values of `metric` there)."""
+  curves = [s[kind][name] for s in seeds if name in s.get(kind, {})]
+  steps = sorted(set.intersection(*(set(c["step"]) for c in curves)))
+  values = [[dict(zip(c["step"], c[metric]))[step] for step in steps] for c in curves]
+  return np.asarray(steps), np.asarray(values, np.float64).reshape(len(curves), len(steps))
+
+
 def plot_curves(seeds: list[dict], out: pathlib.Path) -> None:
-  """Train-rollout success rate and score per PPO iteration: mean over seeds, min-max band."""
+  """Success rate and score per PPO iteration, train rollouts (top) and, where logged, greedy on the
+  held-out goals (bottom): mean over seeds, min-max band."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  runs = sorted({name for s in seeds for name in s["curves"]})
-  fig, axes = plt.subplots(1, len(CURVES), figsize=(6 * len(CURVES), 4))
-  for ax, metric in zip(axes, CURVES):
-    for name in runs:
-      series = [np.asarray(s["curves"][name][metric], np.float64) for s in seeds if name in s["curves"]]
-      length = min(len(x) for x in series)
-      stacked = np.stack([x[:length] for x in series])
-      steps = np.arange(1, length + 1)
-      ax.plot(steps, stacked.mean(axis=0), marker=".", label=f"{name} ({len(series)} seeds)")
-      ax.fill_between(steps, stacked.min(axis=0), stacked.max(axis=0), alpha=0.2)
-    ax.set_title(f"train-rollout {metric}")
-    ax.set_xlabel("PPO iteration")
-    ax.grid(alpha=0.3)
-  axes[0].legend()
+  panels = [("curves", "train-rollout", CURVES)]
+  if any(s.get("eval_curves") for s in seeds):
+    panels.append(("eval_curves", "held-out greedy", EVAL_CURVES))
+  colors = {name: f"C{k}" for k, name in enumerate(sorted({n for s in seeds for n in s["curves"]}))}
+  fig, axes = plt.subplots(len(panels), len(CURVES), figsize=(6 * len(CURVES), 4 * len(panels)), squeeze=False)
+  for row, (kind, title, metrics) in zip(axes, panels):
+    runs = sorted({name for s in seeds for name in s.get(kind, {})})
+    for ax, metric in zip(row, metrics):
+      for name in runs:
+        steps, values = common_steps(seeds, kind, name, metric)
+        ax.plot(steps, values.mean(axis=0), marker=".", color=colors.get(name), label=f"{name} ({len(values)} seeds)")
+        ax.fill_between(steps, values.min(axis=0), values.max(axis=0), color=colors.get(name), alpha=0.2)
+      ax.set_title(f"{title} {metric.removeprefix('eval_')}")
+      ax.set_xlabel("PPO iteration")
+      ax.grid(alpha=0.3)
+    row[0].legend()
   fig.tight_layout()
   fig.savefig(out, dpi=90)
   plt.close(fig)
+
+
+def iterations_to_reach(seeds: list[dict], fast: str = "ppo_spa", slow: str = "ppo_sparse") -> list[dict]:
+  """Per seed with both held-out curves: `slow`'s start (step 0) and final held-out success rate, the
+  first PPO iteration (>= 1) at which `fast`'s reaches the final one (None: never) and that iteration
+  as a fraction of `slow`'s last one. Meaningful where `slow` ended above its start."""
+  out = []
+  for s in seeds:
+    curves = s.get("eval_curves", {})
+    if fast not in curves or slow not in curves:
+      continue
+    start, target = curves[slow]["eval_success_rate"][0], curves[slow]["eval_success_rate"][-1]
+    slow_last = curves[slow]["step"][-1]
+    reached = next((step for step, value in zip(curves[fast]["step"], curves[fast]["eval_success_rate"])
+                    if step >= 1 and value >= target), None)
+    out.append({"seed": s["seed"], "start": start, "target": target, "slow_iterations": slow_last,
+                "iteration": reached, "fraction": reached / slow_last if reached is not None else None})
+  return out
 
 
 def mean_std(values: list) -> tuple[float, float]:
@@ -212,6 +252,8 @@ def aggregate(seeds: list[dict]) -> dict:
     summary["spa_minus_sparse"] = paired_difference(seeds, "ppo_spa", "ppo_sparse")
   if all("estimator" in s for s in seeds):
     summary["estimator"] = {k: mean_std([s["estimator"][k] for s in seeds]) for k in ESTIMATOR}
+  if reach := iterations_to_reach(seeds):
+    summary["spa_reaches_sparse_final"] = reach
   return summary
 
 
@@ -233,6 +275,11 @@ def markdown(seeds: list[dict], summary: dict) -> str:
                      + (f"[{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]" if np.isfinite(d["ci95"][0]) else "n/a (one seed)")
                      + f", per seed {', '.join(f'{x:+.1f}' for x in d['per_seed'])}"
                      for metric, d in diff.items()]
+  if reach := summary.get("spa_reaches_sparse_final"):
+    lines += ["", "SPA's held-out success rate reaches sparse's final one (greedy, ppo.eval_every): " + "; ".join(
+        f"seed {r['seed']}: sparse {r['start']:.1f} -> {r['target']:.1f}% in {r['slow_iterations']} iterations, SPA "
+        + (f"at iteration {r['iteration']} ({r['fraction']:.2f} of them)" if r["iteration"] is not None else "never")
+        for r in reach)]
   lines += ["", "Per seed (score): " + "; ".join(
       f"seed {s['seed']}: " + ", ".join(f"{p} {v['score']:.1f}" for p, v in s["policies"].items()) for s in seeds)]
   if est := summary.get("estimator"):
@@ -294,7 +341,9 @@ def main() -> None:
   (root / "spa_bench.json").write_text(json.dumps(report, indent=2) + "\n")
   if any(s["curves"] for s in seeds):
     plot_curves(seeds, root / "spa_bench.png")
-    table += f"\n\nLearning curves (train rollouts per PPO iteration): bench/plots/{args.name}.png"
+    table += (f"\n\nLearning curves (train rollouts per PPO iteration"
+              + (", and greedy on held-out goals" if any(s["eval_curves"] for s in seeds) else "")
+              + f"): bench/plots/{args.name}.png")
   (root / "spa_bench.md").write_text(table + "\n")
   print(table, file=sys.stderr)
   if not args.no_results:

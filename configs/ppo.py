@@ -66,6 +66,11 @@ def ppo_section(preset: str) -> ml_collections.ConfigDict:
       # Seconds per reward mode (per invocation): past it, the run stops after the current iteration,
       # checkpoints and writes that policy; `run.force=ppo` goes on from there. Not fingerprinted.
       time_budget_s=config_dict.placeholder(float),
+      # Held-out learning curve: every eval_every iterations (0: off), plus before the first and after
+      # the last, greedy episodes of the current policy on the first eval_tasks goals of env.eval_split
+      # (unset: eval.max_tasks) -> metrics/ppo_<mode>_eval.jsonl. Watches only: not fingerprinted.
+      eval_every=0,
+      eval_tasks=config_dict.placeholder(int),
       checkpoint_every=5 if real else 1,  # iterations between Orbax checkpoints (resume points)
       keep_checkpoints=2,
   ))

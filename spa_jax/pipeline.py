@@ -52,10 +52,10 @@ def ppo_needs_estimator(cfg: ml_collections.ConfigDict) -> bool:
           or cfg.ppo.mode == "offline")
 
 
-# Fields that bound how long a run goes on, not what an iteration computes: changing them neither
-# redoes a finished stage nor discards its checkpoints (a stage stopped by its budget goes on from
-# its last checkpoint with run.force).
-NOT_FINGERPRINTED = {"ppo": ("time_budget_s",)}
+# Fields that bound how long a run goes on or only watch it (PPO's held-out evaluation), not what an
+# iteration computes: changing them neither redoes a finished stage nor discards its checkpoints (a
+# stage stopped by its budget goes on from its last checkpoint with run.force).
+NOT_FINGERPRINTED = {"ppo": ("time_budget_s", "eval_every", "eval_tasks")}
 
 
 def stage_config(stage: str, cfg: ml_collections.ConfigDict) -> dict:

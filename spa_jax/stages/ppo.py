@@ -37,6 +37,15 @@ metrics/ppo_<m>.jsonl and plots/ppo_<m>.png. With `ppo.time_budget_s` set, a mod
 the first iteration that ends past that many seconds (of this invocation), checkpoints it and writes
 that iteration's policy; `--config.run.force=ppo` later goes on from there. `ppo.seed` (default:
 config.seed) seeds PPO alone, so several PPO seeds can share one SFT policy and estimator.
+
+Held-out learning curves: with `ppo.eval_every = k > 0`, the policy is evaluated greedily on the
+first `ppo.eval_tasks` goals of env.eval_split (default: eval.max_tasks), as the eval stage runs
+them (eval.temperature, top_p, max_new_tokens, config.seed), before the first iteration (the SFT
+policy, step 0), after every k-th iteration and after the last one the run makes (including a stop
+by the time budget); metrics/ppo_<m>_eval.jsonl holds eval_score, eval_success_rate, ... per step
+(= iterations done), plots/ppo_<m>_eval.png the curves, trajectories/ppo_<m>_eval<k>.p*.jsonl the
+episodes. The evaluation only watches: the training rollouts, updates and policy are the same with
+it on or off, so ppo.eval_every and ppo.eval_tasks are not part of the stage's fingerprint.
 """
 
 import contextlib
@@ -60,6 +69,7 @@ from spa_jax.rollout import episodes
 from spa_jax.rollout.trajectory_store import read_trajectories
 from spa_jax.sharding import shard_model
 from spa_jax.stages import common, label, prm
+from spa_jax.stages import eval as eval_stage
 from spa_jax.training.checkpoint import Checkpointer
 from spa_jax.training.global_batch import to_global_batch
 from spa_jax.training.kl import make_kl_controller
@@ -72,6 +82,7 @@ from spa_jax.training.train_state import TrainState, abstract_train_state, creat
 from spa_jax.workspace import Workspace
 
 ROLLOUT_METRICS = ("score", "success_rate", "purchase_rate", "grounding", "mean_steps", "generated_tokens")
+EVAL_METRICS = ("score", "success_rate", "purchase_rate", "grounding", "mean_steps")  # logged as eval_<name>
 _ppo_targets = jax.jit(ppo_targets, static_argnames=("gamma", "lam", "kl_estimator", "whiten_advantages"))
 TRAINABLE = {"full": ("full", "full"), "lora": ("lora", "lora_and_head")}  # (policy, critic)
 
@@ -200,6 +211,23 @@ def online_sequences(shared: Shared, mode: str, iteration: int, state: PPOState)
   sequences, _ = prm.load_sequences(records, shared.tokenizer, cfg.ppo.max_len)
   generated = sum(len(step["token_logprobs"]) for record in records for step in record["steps"])
   return sequences, {**episodes.summarize(records), "generated_tokens": generated}
+
+
+def evaluate_policy(shared: Shared, mode: str, done: int, state: PPOState) -> dict[str, float]:
+  """Greedy episodes of the policy after `done` iterations on the eval split's first ppo.eval_tasks
+  goals, run as the eval stage runs them: {eval_<metric>: value}."""
+  cfg = shared.cfg
+  tasks = common.split_tasks(cfg, cfg.env.eval_split,
+                             cfg.ppo.eval_tasks if cfg.ppo.eval_tasks is not None else cfg.eval.max_tasks)
+  name = f"ppo_{mode}_eval{done:04d}"
+  _, params = nnx.split(sampling_model(state.policy))
+  common.rollout(cfg, shared.ws, policy=f"ppo_{mode}@{done}", sampler=shared.sampler, params=params,
+                 tokenizer=shared.tokenizer, tasks=tasks, split=cfg.env.eval_split, name=name,
+                 samples_per_task=1, temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
+                 max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed, pool=shared.pool)
+  distributed.barrier(f"{name}-written")
+  metrics = eval_stage.policy_metrics(read_trajectories(shared.ws, name))
+  return {f"eval_{key}": metrics[key] for key in EVAL_METRICS}
 
 
 def offline_sequences(shared: Shared, iteration: int) -> tuple[list, dict]:
@@ -363,7 +391,12 @@ def train_mode(shared: Shared, mode: str) -> dict:
   step_fn = ppo_step_fn(shared, state)
   metrics_name = f"ppo_{mode}"
   last, done, started = {}, start, time.monotonic()
-  with ckpt, tracking.MetricsWriter(ws, metrics_name, cfg.tracking.tensorboard, append=resumed) as writer:
+  eval_metrics = (tracking.MetricsWriter(ws, f"{metrics_name}_eval", cfg.tracking.tensorboard, append=resumed)
+                  if cfg.ppo.eval_every else contextlib.nullcontext())
+  with ckpt, tracking.MetricsWriter(ws, metrics_name, cfg.tracking.tensorboard, append=resumed) as writer, \
+      eval_metrics as eval_writer:
+    if cfg.ppo.eval_every and not resumed:
+      eval_writer.write(0, evaluate_policy(shared, mode, 0, state))
     for iteration in range(start, cfg.ppo.iterations):
       times = {}
       with tracking.timed(times, "time_rollout_s"):
@@ -393,6 +426,8 @@ def train_mode(shared: Shared, mode: str) -> dict:
       done = iteration + 1
       out_of_time = distributed.main_process_decides(
           cfg.ppo.time_budget_s is not None and time.monotonic() - started > cfg.ppo.time_budget_s)
+      if cfg.ppo.eval_every and (done % cfg.ppo.eval_every == 0 or done == cfg.ppo.iterations or out_of_time):
+        eval_writer.write(done, evaluate_policy(shared, mode, done, state))
       ckpt.save(done, state, {"iteration": done, "kl_coef": kl_coef, "fingerprint": prm.run_fingerprint(cfg, "ppo")},
                 force=done == cfg.ppo.iterations or out_of_time)
       if out_of_time and done < cfg.ppo.iterations:
@@ -407,12 +442,17 @@ def train_mode(shared: Shared, mode: str) -> dict:
   if cfg.tracking.plots and distributed.is_main_process() and ws.metrics_path(metrics_name).exists():
     tracking.plot_metrics(ws.metrics_path(metrics_name), ws.plot_path(metrics_name), title=f"PPO ({mode} rewards)")
     outputs.append(str(ws.plot_path(metrics_name)))
+    if cfg.ppo.eval_every and ws.metrics_path(f"{metrics_name}_eval").exists():
+      tracking.plot_metrics(ws.metrics_path(f"{metrics_name}_eval"), ws.plot_path(f"{metrics_name}_eval"),
+                            title=f"PPO ({mode} rewards): greedy on {cfg.env.eval_split}")
+      outputs.append(str(ws.plot_path(f"{metrics_name}_eval")))
   return {"resumed": resumed, "iterations": done, "final": last, "outputs": outputs}
 
 
 @contextlib.contextmanager
-def online_rollouts(shared: Shared):
-  """Opens the sampler and the env pool that every reward mode's online rollouts share."""
+def rollouts(shared: Shared):
+  """Opens the sampler and the env pool that every reward mode's rollouts (online data, held-out
+  evaluation) share."""
   cfg = shared.cfg
   model_cfg = prm.backbone_config(cfg, common.policy_dir(shared.ws, "sft"), cfg.model.dtype)
   graphdef, _ = nnx.split(nnx.eval_shape(lambda: Llama(model_cfg, rngs=nnx.Rngs(0))))
@@ -432,8 +472,8 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
     load_offline(shared)
   elif "spa" in modes:
     shared.estimator = prm.load_estimator(cfg, ws, shared.mesh)
-  if cfg.ppo.mode == "online":
-    with online_rollouts(shared):
+  if cfg.ppo.mode == "online" or cfg.ppo.eval_every:
+    with rollouts(shared):
       summaries = {mode: train_mode(shared, mode) for mode in modes}
   else:
     summaries = {mode: train_mode(shared, mode) for mode in modes}

@@ -77,6 +77,8 @@ def test_unknown_preset_is_rejected():
     ("model.arch.vocab_size", 0, "config.model.arch.vocab_size=0: must be None (the preset's) or >= 1"),
     ("ppo.time_budget_s", 0.0, "config.ppo.time_budget_s=0.0: must be > 0 seconds"),
     ("ppo.seed", -2, "config.ppo.seed=-2: must be >= 0"),
+    ("ppo.eval_every", -1, "config.ppo.eval_every=-1: must be >= 0 iterations"),
+    ("ppo.eval_tasks", 0, "config.ppo.eval_tasks=0: must be > 0 goals"),
 ])
 def test_bad_values_are_named(path, value, message):
   cfg = configuration.load_config("eval")

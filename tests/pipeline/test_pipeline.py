@@ -71,6 +71,8 @@ def test_ppo_seed_redoes_ppo_only_and_its_time_budget_nothing(cfg):
   assert run(cfg, stages) == ["ppo", "eval"]
   cfg.ppo.time_budget_s = 60.0  # bounds how long a run goes on, not what it computes
   assert run(cfg, stages) == []
+  cfg.ppo.eval_every, cfg.ppo.eval_tasks = 5, 100  # the held-out evaluation only watches
+  assert run(cfg, stages) == []
 
 
 def test_shared_section_change_redoes_everything(cfg):

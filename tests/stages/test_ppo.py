@@ -1,9 +1,11 @@
 """ppo stage: an online iteration changes the policy, a killed run resumes from its checkpoint to the
-uninterrupted result, offline PPO trains on the label stage's rewards, reward modes, and the
+uninterrupted result, the held-out evaluation during PPO watches without changing the run and ends
+on what the eval stage measures, offline PPO trains on the label stage's rewards, reward modes, and the
 invariants of one online iteration (sampler log-probs = old-policy log-probs, only sampled tokens
 trained on, KL 0 to an unchanged reference; config errors: tests/pipeline/test_config.py)."""
 
 import dataclasses
+import json
 import shutil
 
 import jax
@@ -12,7 +14,7 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file
 
-from spa_jax.stages import common, label, ppo, prm
+from spa_jax.stages import common, eval as eval_stage, label, ppo, prm
 from spa_jax.rollout.trajectory_store import read_trajectories
 from spa_jax.tracking import peak_memory_gb, read_metrics
 from spa_jax.workspace import Workspace
@@ -80,6 +82,50 @@ def test_online_ppo_changes_the_policy_and_resumes_after_a_kill(tmp_path_factory
   ppo.run(make_config(reseeded.root, ONLINE | {"ppo.seed": 1}), reseeded)
   other = _weights(reseeded, "ppo_spa")
   assert any(not np.array_equal(other[k], trained[k]) for k in trained)
+
+
+@pytest.mark.slow
+def test_held_out_evaluation_during_ppo_watches_without_changing_the_run(tmp_path_factory, tmp_path):
+  plain = Workspace(workspace_copy(tmp_path_factory, tmp_path / "plain"))
+  ppo.run(make_config(plain.root, ONLINE), plain)
+  watched = Workspace(workspace_copy(tmp_path_factory, tmp_path / "watched"))
+  watch = ONLINE | {"ppo.eval_every": 2, "ppo.eval_tasks": 2, "eval.max_tasks": 2, "eval.policies": "ppo_spa"}
+  cfg = make_config(watched.root, watch)
+  ppo.run(cfg, watched)
+
+  # the same rollouts, updates and policy as the run without it
+  assert not plain.metrics_path("ppo_spa_eval").exists()
+  trained = _weights(plain, "ppo_spa")
+  for key, value in _weights(watched, "ppo_spa").items():
+    np.testing.assert_array_equal(value, trained[key], err_msg=key)
+  assert ([row["score"] for row in read_metrics(watched.metrics_path("ppo_spa"))]
+          == [row["score"] for row in read_metrics(plain.metrics_path("ppo_spa"))])
+
+  # evaluated before the first iteration (the SFT policy) and after the last (every 2nd: iteration 2)
+  curve = read_metrics(watched.metrics_path("ppo_spa_eval"))
+  assert [row["step"] for row in curve] == [0, 2]
+  eval_tasks = common.split_tasks(cfg, cfg.env.eval_split, 2)
+  for row in curve:
+    records = read_trajectories(watched, f"ppo_spa_eval{row['step']:04d}")
+    assert sorted(r["task_id"] for r in records) == sorted(eval_tasks)
+    assert all(r["policy"] == f"ppo_spa@{row['step']}" for r in records)
+  assert watched.plot_path("ppo_spa_eval").exists()
+
+  # the curve's last point is what the eval stage measures for the exported policy (greedy, same
+  # goals): the evaluation ran the weights that were trained and saved, not the SFT policy it started from
+  eval_stage.run(cfg, watched)
+  report = json.loads(watched.report_path("eval").read_text())["policies"]["ppo_spa"]
+  for metric in ppo.EVAL_METRICS:
+    assert curve[-1][f"eval_{metric}"] == pytest.approx(report[metric]), metric
+  def episodes_of(name):
+    records = sorted(read_trajectories(watched, name), key=lambda r: r["task_id"])
+    return ([s["model_output"] for r in records for s in r["steps"]],
+            np.concatenate([s["token_logprobs"] for r in records for s in r["steps"]]))
+  (final, final_logp), (last, last_logp) = episodes_of("eval_ppo_spa"), episodes_of("ppo_spa_eval0002")
+  assert final == last
+  np.testing.assert_allclose(last_logp, final_logp, atol=1e-5)
+  _, start_logp = episodes_of("ppo_spa_eval0000")
+  assert start_logp.shape != last_logp.shape or np.abs(start_logp - last_logp).max() > 1e-3
 
 
 @pytest.mark.slow
@@ -152,7 +198,7 @@ def test_online_iteration_invariants(tmp_path_factory, tmp_path):
   shared = ppo.Shared(cfg=cfg, ws=ws, tokenizer=common.load_tokenizer(cfg, ws), mesh=common.make_mesh(cfg))
   _, state = ppo.initial_state(cfg, ws, shared.mesh, ppo.optimizers(cfg))
   eot = shared.tokenizer.end_of_turn_id
-  with ppo.online_rollouts(shared):
+  with ppo.rollouts(shared):
     for iteration, policy in enumerate([state.policy, _perturbed_lora(state.policy, 0.3, seed=2)]):
       state = state.replace(policy=policy)
       sequences, _ = ppo.online_sequences(shared, "sparse", iteration, state)
