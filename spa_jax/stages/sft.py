@@ -11,6 +11,7 @@ Writes: policies/sft/ (HF directory), checkpoints/sft/<config hash>/, metrics/sf
 
 import logging
 import shutil
+import time
 
 import jax
 import ml_collections
@@ -132,9 +133,11 @@ def checkpointer(cfg: ml_collections.ConfigDict, ws: Workspace) -> Checkpointer:
 
 
 def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
-  tokenizer = common.load_tokenizer(cfg, ws)
-  mesh = common.make_mesh(cfg)
-  examples, dropped = load_examples(cfg, tokenizer)
+  times = {}
+  with tracking.timed(times, "data_s"):
+    tokenizer = common.load_tokenizer(cfg, ws)
+    mesh = common.make_mesh(cfg)
+    examples, dropped = load_examples(cfg, tokenizer)
   lengths = [len(e.ids) for e in examples]
   plan = [batch for epoch in range(cfg.sft.epochs)
           for batch in epoch_batches(lengths, cfg.sft.batch_size, cfg.sft.max_len, cfg.seed, epoch)]
@@ -145,6 +148,7 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
 
   ckpt = checkpointer(cfg, ws)
   resumed = ckpt.latest_step() is not None
+  started = time.perf_counter()
   if resumed:
     abstract = abstract_train_state(lambda: _with_lora(cfg, Llama(model_cfg, rngs=nnx.Rngs(0))), tx,
                                     trainable=trainable, mesh=mesh)
@@ -155,30 +159,37 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
     state = create_train_state(_with_lora(cfg, model), tx, trainable=trainable, seed=cfg.seed)
 
   step_fn = make_sft_step(state, num_micro_batches=cfg.sft.batch_size // cfg.sft.micro_batch_size)
+  times["init_s"] = time.perf_counter() - started
   schedule = learning_rate_schedule(opt_cfg)
   metadata = {"config_hash": common.stage_config_hash(cfg, "sft"), "total_steps": len(plan)}
   losses = []
   with tracking.MetricsWriter(ws, "sft", cfg.tracking.tensorboard, append=resumed) as writer, \
       tracking.progress(len(plan), "sft", unit="step", enabled=cfg.tracking.progress) as bar, \
       jax.set_mesh(mesh):
-    bar.update(int(state.step))
-    for step in range(int(state.step), len(plan)):
+    first_step = int(state.step)
+    bar.update(first_step)
+    for step in range(first_step, len(plan)):
       seq_len, rows = plan[step]
       local = _process_rows(sft_batch(examples, rows, seq_len, cfg.sft.batch_size, tokenizer.pad_id,
                                       cfg.sft.context_loss_weight))
       state, metrics = step_fn(state, to_global_batch(local, mesh))
       losses.append(float(metrics["sft_loss"]))
+      if step == first_step:  # with its compilation
+        times["first_step_s"] = time.perf_counter() - started - times["init_s"]
       bar.update(1)
       bar.set_postfix(loss=f"{losses[-1]:.3f}")
       if (step + 1) % cfg.tracking.log_every == 0 or step + 1 == len(plan):
         writer.write(step + 1, {**metrics, "learning_rate": schedule(step)})
       ckpt.save(step + 1, state, metadata, force=step + 1 == len(plan))
   ckpt.close()
+  times["train_s"] = time.perf_counter() - started - times["init_s"]  # the steps and their checkpoints
 
   outputs = common.save_policy(ws, "sft", state.model(), model_cfg)
   if cfg.tracking.plots and distributed.is_main_process():
     tracking.plot_metrics(ws.metrics_path("sft"), ws.plot_path("sft"), title="SFT")
     outputs.append(str(ws.plot_path("sft")))
   return {"steps": len(plan), "resumed": resumed, "examples": len(examples), "dropped_too_long": dropped,
+          "padded_lengths": sorted({seq_len for seq_len, _ in plan}),  # one compiled step each
+          **{name: round(seconds, 2) for name, seconds in times.items()},
           "agent_tokens": int(sum(sum(e.step_mask) for e in examples)),
           "final_loss": losses[-1] if losses else None, "outputs": outputs}
