@@ -134,7 +134,7 @@ def checkpointer(cfg: ml_collections.ConfigDict, ws: Workspace) -> Checkpointer:
 
 def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
   times = {}
-  with tracking.timed(times, "data_s"):
+  with tracking.timed(times, "time_data_s"):
     tokenizer = common.load_tokenizer(cfg, ws)
     mesh = common.make_mesh(cfg)
     examples, dropped = load_examples(cfg, tokenizer)
@@ -159,7 +159,7 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
     state = create_train_state(_with_lora(cfg, model), tx, trainable=trainable, seed=cfg.seed)
 
   step_fn = make_sft_step(state, num_micro_batches=cfg.sft.batch_size // cfg.sft.micro_batch_size)
-  times["init_s"] = time.perf_counter() - started
+  times["time_init_s"] = time.perf_counter() - started
   schedule = learning_rate_schedule(opt_cfg)
   metadata = {"config_hash": common.stage_config_hash(cfg, "sft"), "total_steps": len(plan)}
   losses = []
@@ -175,14 +175,14 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
       state, metrics = step_fn(state, to_global_batch(local, mesh))
       losses.append(float(metrics["sft_loss"]))
       if step == first_step:  # with its compilation
-        times["first_step_s"] = time.perf_counter() - started - times["init_s"]
+        times["time_first_step_s"] = time.perf_counter() - started - times["time_init_s"]
       bar.update(1)
       bar.set_postfix(loss=f"{losses[-1]:.3f}")
       if (step + 1) % cfg.tracking.log_every == 0 or step + 1 == len(plan):
         writer.write(step + 1, {**metrics, "learning_rate": schedule(step)})
       ckpt.save(step + 1, state, metadata, force=step + 1 == len(plan))
   ckpt.close()
-  times["train_s"] = time.perf_counter() - started - times["init_s"]  # the steps and their checkpoints
+  times["time_train_s"] = time.perf_counter() - started - times["time_init_s"]  # the steps and their checkpoints
 
   outputs = common.save_policy(ws, "sft", state.model(), model_cfg)
   if cfg.tracking.plots and distributed.is_main_process():
