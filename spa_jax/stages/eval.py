@@ -45,6 +45,19 @@ def format_table(policies: dict[str, dict], order: list[str] | None = None) -> s
   return "\n".join([header, "-" * len(header), *rows])
 
 
+def evaluate(cfg: ml_collections.ConfigDict, ws: Workspace, *, policy: str, name: str, sampler, params,
+             tokenizer, tasks: list[int], pool) -> dict:
+  """Episodes of `params` on `tasks` of env.eval_split with the eval settings (eval.temperature,
+  top_p, max_new_tokens, config.seed), written as trajectories/<name>; returns their `policy_metrics`.
+  The eval stage and PPO's held-out curve (ppo.eval_every) both measure through this."""
+  common.rollout(cfg, ws, policy=policy, sampler=sampler, params=params, tokenizer=tokenizer,
+                 tasks=tasks, split=cfg.env.eval_split, name=name, samples_per_task=1,
+                 temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
+                 max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed, pool=pool)
+  distributed.barrier(f"{name}-written")
+  return policy_metrics(read_trajectories(ws, name))
+
+
 def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
   tokenizer = common.load_tokenizer(cfg, ws)
   mesh = common.make_mesh(cfg)
@@ -57,12 +70,8 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
       if sampler is None or sampler.cfg != model_cfg:
         sampler = common.make_sampler(cfg, model_cfg, graphdef, tokenizer, mesh)
       name = f"eval_{policy}"
-      common.rollout(cfg, ws, policy=policy, sampler=sampler, params=params, tokenizer=tokenizer,
-                     tasks=tasks, split=cfg.env.eval_split, name=name, samples_per_task=1,
-                     temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
-                     max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed, pool=pool)
-      distributed.barrier(f"eval-{policy}")
-      results[policy] = policy_metrics(read_trajectories(ws, name))
+      results[policy] = evaluate(cfg, ws, policy=policy, name=name, sampler=sampler, params=params,
+                                 tokenizer=tokenizer, tasks=tasks, pool=pool)
       outputs += [str(path) for path in ws.trajectory_shards(name)]
       logging.info("eval %s: %s", policy, results[policy])
   report = {"split": cfg.env.eval_split, "tasks": len(tasks), "temperature": cfg.eval.temperature,

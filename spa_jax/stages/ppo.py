@@ -219,14 +219,10 @@ def evaluate_policy(shared: Shared, mode: str, done: int, state: PPOState) -> di
   cfg = shared.cfg
   tasks = common.split_tasks(cfg, cfg.env.eval_split,
                              cfg.ppo.eval_tasks if cfg.ppo.eval_tasks is not None else cfg.eval.max_tasks)
-  name = f"ppo_{mode}_eval{done:04d}"
   _, params = nnx.split(sampling_model(state.policy))
-  common.rollout(cfg, shared.ws, policy=f"ppo_{mode}@{done}", sampler=shared.sampler, params=params,
-                 tokenizer=shared.tokenizer, tasks=tasks, split=cfg.env.eval_split, name=name,
-                 samples_per_task=1, temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
-                 max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed, pool=shared.pool)
-  distributed.barrier(f"{name}-written")
-  metrics = eval_stage.policy_metrics(read_trajectories(shared.ws, name))
+  metrics = eval_stage.evaluate(cfg, shared.ws, policy=f"ppo_{mode}@{done}", name=f"ppo_{mode}_eval{done:04d}",
+                                sampler=shared.sampler, params=params, tokenizer=shared.tokenizer, tasks=tasks,
+                                pool=shared.pool)
   return {f"eval_{key}": metrics[key] for key in EVAL_METRICS}
 
 
