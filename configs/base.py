@@ -87,6 +87,9 @@ def get_base_config(preset: str = TINY) -> ml_collections.ConfigDict:
       param_dtype="float32",
       # rematerialisation in training forward passes: "none" | "full" | "dots" | "dots_no_batch"
       remat_policy="full" if real else "none",
+      # training and scoring forwards run the layers as one lax.scan (stacked on the fly): XLA compiles
+      # one layer body instead of num_layers copies (bench/compile_bench.py); decoding is unscanned
+      scan_layers=True,
       lora=ml_collections.ConfigDict(dict(rank=8, alpha=16.0, targets="q_proj,v_proj")),
   ))
   cfg.tokenizer = ml_collections.ConfigDict(dict(

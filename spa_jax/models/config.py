@@ -44,6 +44,8 @@ class LlamaConfig:
   dtype: str = "float32"  # compute dtype
   remat_policy: str = "none"  # one of REMAT_POLICIES
   attention_impl: str = "auto"  # one of ATTENTION_IMPLS; "auto" = cuDNN on GPU for bf16/fp16
+  # cache-free forwards (training, scoring) run the layers as one lax.scan: compile time independent of depth
+  scan_layers: bool = False
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -206,5 +208,12 @@ PRESETS: dict[str, LlamaConfig] = {
     "llama3.1-8b": LlamaConfig(
         hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32, head_dim=128,
         rope_scaling=_LLAMA3_SCALING_8, tie_embeddings=False, **_LLAMA3_COMMON,
+    ),
+    # SmolLM2-135M(-Instruct)'s architecture (the configs' smollm2-135m preset loads its weights)
+    "smollm2-135m": LlamaConfig(
+        vocab_size=49_152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+        num_kv_heads=3, head_dim=64, rope_theta=100_000.0, tie_embeddings=True,
+        max_position_embeddings=8192, bos_token_id=1, eos_token_ids=(2,), param_dtype="bfloat16",
+        dtype="bfloat16",
     ),
 }

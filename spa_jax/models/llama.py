@@ -13,7 +13,10 @@ Jitted callers avoid NNX dispatch overhead by splitting outside and merging insi
       logits_btv, hidden_btd, _ = model(tokens_bt, positions_bt)
       return logits_btv
 
-The layer stack is unscanned (a Python list of `DecoderLayer`s); checkpoints use that layout.
+Parameters are stored per layer (a list of `DecoderLayer`s); checkpoints use that layout. With
+`cfg.scan_layers`, cache-free forwards (training, scoring) stack them on the fly and run the stack
+as one `lax.scan`, so XLA compiles one layer body instead of `num_layers` copies; decoding with a
+KV cache runs the layers one by one (per-layer cache buffers: see `kv_cache.py`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from flax import nnx
 
 from spa_jax.models.config import LlamaConfig
 from spa_jax.models.kv_cache import KVCache
-from spa_jax.sharding import constrain
+from spa_jax.sharding import constrain, variable_logical_axes
 
 _ACT_BTD = ("batch", "length", "act_embed")
 
@@ -222,8 +225,52 @@ class DecoderLayer(nnx.Module):
     return constrain(x_btd, _ACT_BTD), cache
 
 
-def _run_layer(layer_module, x_btd, cos_bth, sin_bth, positions_bt, attn_mask_bt):
-  out_btd, _ = layer_module(x_btd, cos_bth, sin_bth, positions_bt, attn_mask_bt, None, 0)
+def _layer_fn(graphdef: nnx.GraphDef, cfg: LlamaConfig, *, in_scan: bool):
+  """A pure `(layer_state, x_btd, cos_bth, sin_bth, positions_bt, attn_mask_bt) -> x_btd` for the
+  cache-free forward, rematerialised per `cfg.remat_policy`. Pure (the layer is merged inside) so
+  that `jax.checkpoint` sees every variable as an input: `nnx.remat` on a module whose frozen base
+  and trained LoRA live at different trace levels fails when only the adapters are differentiated."""
+  def apply(layer_state, x_btd, cos_bth, sin_bth, positions_bt, attn_mask_bt):
+    out_btd, _ = nnx.merge(graphdef, layer_state)(x_btd, cos_bth, sin_bth, positions_bt, attn_mask_bt, None, 0)
+    return out_btd
+
+  if cfg.remat_policy == "none":
+    return apply
+  return jax.checkpoint(apply, policy=cfg.remat_jax_policy(), prevent_cse=not in_scan)  # CSE is safe in a scan
+
+
+def _stack_layer_states(layers) -> tuple[nnx.GraphDef, nnx.State]:
+  """The layers' common graph and their variables stacked along a leading "layers" axis."""
+  graphdefs, states = zip(*(nnx.split(layer) for layer in layers), strict=True)
+  if any(g != graphdefs[0] for g in graphdefs[1:]):
+    raise ValueError("model.scan_layers needs layers of one structure (e.g. LoRA on every layer or "
+                     "on none); set model.scan_layers=False for this model")
+
+  def stack(*variables):
+    value = jnp.stack([v.get_value() for v in variables])
+    return variables[0].replace(constrain(value, ("layers",) + variable_logical_axes(variables[0])))
+
+  return graphdefs[0], jax.tree.map(stack, *states, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def _cache_free_layers(layers, x_btd, cos_bth, sin_bth, positions_bt, attn_mask_bt, cfg: LlamaConfig):
+  """The layer stack without a KV cache: one layer at a time, or with `cfg.scan_layers` one
+  `lax.scan` over the layers' variables stacked here (a transient copy), so that XLA traces and
+  compiles one layer body whatever the depth. Parameters keep their per-layer layout either way
+  (checkpoints, LoRA and the sharding rules do not change)."""
+  if not cfg.scan_layers:
+    for layer in layers:
+      graphdef, layer_state = nnx.split(layer)
+      x_btd = _layer_fn(graphdef, cfg, in_scan=False)(layer_state, x_btd, cos_bth, sin_bth, positions_bt,
+                                                        attn_mask_bt)
+    return x_btd
+  graphdef, stacked = _stack_layer_states(layers)
+  apply = _layer_fn(graphdef, cfg, in_scan=True)
+
+  def body(carry_btd, layer_state):
+    return apply(layer_state, carry_btd, cos_bth, sin_bth, positions_bt, attn_mask_bt), None
+
+  out_btd, _ = jax.lax.scan(body, x_btd, stacked)
   return out_btd
 
 
@@ -286,12 +333,10 @@ class Llama(nnx.Module):
       )
     cos_bth, sin_bth = rope_cos_sin(positions_bt, self.cfg)
     x_btd = self.embed_tokens(tokens_bt)
-    use_remat = cache is None and self.cfg.remat_policy != "none"
-    run = nnx.remat(_run_layer, policy=self.cfg.remat_jax_policy()) if use_remat else _run_layer
-    for i, layer in enumerate(self.layers):
-      if cache is None:
-        x_btd = run(layer, x_btd, cos_bth, sin_bth, positions_bt, attn_mask_bt)
-      else:
+    if cache is None:
+      x_btd = _cache_free_layers(self.layers, x_btd, cos_bth, sin_bth, positions_bt, attn_mask_bt, self.cfg)
+    else:
+      for i, layer in enumerate(self.layers):
         x_btd, cache = layer(x_btd, cos_bth, sin_bth, positions_bt, None, cache, i)
     hidden_btd = self.norm(x_btd)
     logits_btv = self.logits_from_hidden(hidden_btd) if compute_logits else None

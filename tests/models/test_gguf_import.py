@@ -15,7 +15,7 @@ import transformers
 from flax import nnx
 
 from spa_jax import configuration
-from spa_jax.models import gguf_import, load_hf
+from spa_jax.models import LlamaConfig, gguf_import, load_hf
 from spa_jax.models.tokenizer import HFTokenizer
 from spa_jax.rollout import agent_format as af
 
@@ -27,6 +27,10 @@ def test_import_writes_a_plain_llama_directory(smollm2_dir):
   assert (config["num_attention_heads"], config["num_key_value_heads"], config["vocab_size"]) == (9, 3, 49152)
   assert config["tie_word_embeddings"] and config["dtype"] == gguf_import.SAVED_DTYPE
   assert (smollm2_dir / "model.safetensors").is_file()
+  imported = LlamaConfig.from_hf_dict(config, param_dtype="bfloat16", dtype="bfloat16")
+  preset = LlamaConfig.preset("smollm2-135m")  # the architecture the benches build from
+  assert imported.rms_norm_eps == pytest.approx(preset.rms_norm_eps)  # GGUF stores it as a float32
+  assert imported.replace(rms_norm_eps=preset.rms_norm_eps) == preset
   assert not [p for p in smollm2_dir.parent.iterdir() if p.name.startswith(".")]  # no staging left over
 
 

@@ -1,4 +1,4 @@
-"""Llama forward: cache consistency, padding, remat, jit split/merge, config presets."""
+"""Llama forward: cache consistency, padding, remat, scanned layers, jit split/merge, config presets."""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from spa_jax.models import KVCache, Llama, LlamaConfig
+from spa_jax.models import KVCache, Llama, LlamaConfig, apply_lora
 from spa_jax.sharding import create_sharded
 
 VOCAB = 97  # tests/conftest.py micro_cfg
@@ -153,7 +153,8 @@ def test_bad_inputs_raise_clear_errors(micro_model, micro_cfg):
     LlamaConfig.preset("llama9")
 
 
-@pytest.mark.parametrize("name,params_b", [("llama3.2-1b", 1.236), ("llama3.2-3b", 3.213), ("llama3.1-8b", 8.030)])
+@pytest.mark.parametrize("name,params_b", [("llama3.2-1b", 1.236), ("llama3.2-3b", 3.213), ("llama3.1-8b", 8.030),
+                                            ("smollm2-135m", 0.1345)])
 def test_presets_have_published_parameter_counts(name, params_b):
   cfg = LlamaConfig.preset(name)
   abstract = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
@@ -185,3 +186,46 @@ def test_query_blocked_xla_attention_equals_plain_softmax_attention(micro_cfg, w
   np.testing.assert_allclose(got[rows], expected[rows], atol=2e-5)
   if with_padding:
     np.testing.assert_allclose(got[0], expected[0], atol=2e-5)
+
+
+def _loss_and_grads(model, tokens_bt, positions_bt, mask_bt):
+  graphdef, state = nnx.split(model)
+
+  def loss(state):
+    logits_btv, _, _ = nnx.merge(graphdef, state)(tokens_bt, positions_bt, attn_mask_bt=mask_bt)
+    return jnp.mean(jax.nn.logsumexp(logits_btv.astype(jnp.float32), axis=-1)), logits_btv
+
+  (value, logits_btv), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(state)
+  return value, logits_btv, grads, jax.make_jaxpr(loss)(state)
+
+
+@pytest.mark.parametrize("remat_policy", ["none", "full", "dots"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_scanned_layers_equal_unrolled_values_and_grads(micro_cfg, remat_policy, masked):
+  cfg = micro_cfg.replace(num_layers=3, remat_policy=remat_policy)
+  tokens_bt = _random_tokens(2, 9, seed=5)
+  positions_bt = jnp.broadcast_to(jnp.arange(9), (2, 9))
+  mask_bt = (jnp.arange(9)[None] >= jnp.array([[0], [3]])) if masked else None
+  results = []
+  for scan in (False, True):
+    model = _make(cfg.replace(scan_layers=scan))
+    apply_lora(model, 2, 4.0, ("q_proj", "v_proj"), rngs=nnx.Rngs(1))
+    for _, adapter in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam)):  # B = 0: give LoRA a say
+      adapter.set_value(adapter.get_value() + 0.05)
+    results.append(_loss_and_grads(model, tokens_bt, positions_bt, mask_bt))
+  (value, logits_btv, grads, jaxpr), (scan_value, scan_logits_btv, scan_grads, scan_jaxpr) = results
+  assert "length=3" in str(scan_jaxpr) and "length=3" not in str(jaxpr)  # one scan over the 3 layers
+  np.testing.assert_allclose(scan_logits_btv, logits_btv, atol=1e-5)
+  np.testing.assert_allclose(scan_value, value, rtol=1e-6)
+  flat, scan_flat = nnx.to_flat_state(grads), nnx.to_flat_state(scan_grads)
+  assert [path for path, _ in flat] == [path for path, _ in scan_flat]
+  for (path, g), (_, sg) in zip(flat, scan_flat):
+    assert sg.get_value().shape == g.get_value().shape, path  # per-layer layout kept
+    np.testing.assert_allclose(sg.get_value(), g.get_value(), atol=1e-6, err_msg=str(path))
+
+
+def test_scanned_layers_refuse_layers_of_different_structure(micro_cfg):
+  model = _make(micro_cfg.replace(scan_layers=True))
+  apply_lora(model.layers[0], 2, 4.0, ("q_proj",), rngs=nnx.Rngs(1))  # LoRA on the first layer only
+  with pytest.raises(ValueError, match="scan_layers=False"):
+    model(_random_tokens(1, 4), jnp.arange(4)[None])

@@ -112,6 +112,23 @@ def _multi_device_checks():
     got_btv, _ = forward(state, tokens_sharded, positions_sharded, None)
     got_cached_btv, cache = forward(state, tokens_sharded, positions_sharded, KVCache.init(cfg, 4, 16))
   np.testing.assert_allclose(np.asarray(got_btv), np.asarray(want_btv), atol=1e-5)
+  # The scanned layer stack (stacked on the fly, sharded like the layers) agrees, value and gradient.
+  scanned = create_sharded(lambda: Llama(cfg.replace(scan_layers=True), rngs=nnx.Rngs(0)), mesh)
+  scanned_graphdef, scanned_state = nnx.split(scanned)
+
+  def mean_logsumexp(graphdef, state, tokens_bt, positions_bt):
+    logits_btv, _, _ = nnx.merge(graphdef, state)(tokens_bt, positions_bt)
+    return jnp.mean(jax.nn.logsumexp(logits_btv, axis=-1))
+
+  grad_fn = jax.jit(jax.value_and_grad(mean_logsumexp, argnums=1), static_argnums=0)
+  want_value, want_grads = grad_fn(graphdef, plain_state, tokens_bt, positions_bt)
+  with jax.set_mesh(mesh):
+    got_scanned_btv, _ = forward_fn(scanned_graphdef)(scanned_state, tokens_sharded, positions_sharded, None)
+    got_value, got_grads = grad_fn(scanned_graphdef, scanned_state, tokens_sharded, positions_sharded)
+  np.testing.assert_allclose(np.asarray(got_scanned_btv), np.asarray(want_btv), atol=1e-5)
+  np.testing.assert_allclose(float(got_value), float(want_value), rtol=1e-6)
+  for (path, want), (_, got) in zip(nnx.to_flat_state(want_grads), nnx.to_flat_state(got_grads)):
+    np.testing.assert_allclose(np.asarray(got.get_value()), np.asarray(want.get_value()), atol=1e-6, err_msg=str(path))
   np.testing.assert_allclose(np.asarray(got_cached_btv), np.asarray(want_cached_btv), atol=1e-5)
   assert len(got_btv.sharding.device_set) == 8
 
