@@ -173,16 +173,18 @@ def main():
   parser.add_argument("--train-batches", default="8,16")
   parser.add_argument("--decode-batches", default="64,256")
   parser.add_argument("--remat", default=None, help="remat policy override (e.g. none, full)")
+  parser.add_argument("--unrolled", action="store_true",
+                      help="train with the layer stack unrolled (model.scan_layers=False; default: scanned)")
   args = parser.parse_args()
 
   preset = args.preset or ("tiny" if args.quick else "llama3.2-3b")
-  overrides = {} if args.remat is None else {"remat_policy": args.remat}
+  overrides = {"scan_layers": not args.unrolled} | ({} if args.remat is None else {"remat_policy": args.remat})
   cfg = LlamaConfig.preset(preset, **overrides)
   mesh = make_mesh(**parse_mesh(args.mesh))
   seq, prompt, new_tokens, steps = (64, 32, 16, 3) if args.quick else (1024, 512, 128, 5)
   result = {"bench": "model", "preset": preset, "backend": jax.default_backend(),
             "devices": jax.device_count(), "device_kind": jax.devices()[0].device_kind,
-            "mesh": dict(mesh.shape), "jax": jax.__version__}
+            "mesh": dict(mesh.shape), "scan_layers": cfg.scan_layers, "jax": jax.__version__}
   if not args.skip_train:
     for batch in map(int, args.train_batches.split(",")):
       batch = max(batch, mesh.shape["data"] * mesh.shape["fsdp"])

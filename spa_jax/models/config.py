@@ -44,8 +44,8 @@ class LlamaConfig:
   dtype: str = "float32"  # compute dtype
   remat_policy: str = "none"  # one of REMAT_POLICIES
   attention_impl: str = "auto"  # one of ATTENTION_IMPLS; "auto" = cuDNN on GPU for bf16/fp16
-  # cache-free forwards (training, scoring) run the layers as one lax.scan: compile time independent of depth
-  scan_layers: bool = False
+  # cache-free forwards (training, scoring) run the layers as one lax.scan: one compiled layer body
+  scan_layers: bool = True
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
