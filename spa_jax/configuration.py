@@ -241,6 +241,7 @@ def _training_errors(errors: list[str], cfg) -> None:
     _at_least(errors, cfg, f"{stage}.weight_decay", 0.0)
   for stage in ("prm", "ppo"):
     _positive(errors, cfg, f"{stage}.grad_clip")
+  for stage in ("sft", "prm", "ppo"):
     _at_least(errors, cfg, f"{stage}.length_bucket", 1)
   for stage in ("explore", "ppo", "eval"):
     _at_least(errors, cfg, f"{stage}.temperature", 0.0)

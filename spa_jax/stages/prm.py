@@ -346,7 +346,8 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
                      "run more exploration (explore.max_tasks) or raise prm.max_len")
   lengths = [len(s.tokens) for s in train]
   plan = [(epoch, *batch) for epoch in range(cfg.prm.epochs)
-          for batch in epoch_batches(lengths, cfg.prm.batch_size, cfg.prm.max_len, cfg.seed, epoch)]
+          for batch in epoch_batches(lengths, cfg.prm.batch_size, cfg.prm.max_len, cfg.prm.length_bucket,
+                                     cfg.seed, epoch)]
   tx = make_optimizer(optimizer_config(cfg, len(plan)))
   trainable = TRAINABLE[cfg.prm.finetune]
   num_micro = cfg.prm.batch_size // cfg.prm.micro_batch_size

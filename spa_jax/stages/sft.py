@@ -30,9 +30,6 @@ from spa_jax.training.steps import make_sft_step
 from spa_jax.training.train_state import abstract_train_state, create_train_state
 from spa_jax.workspace import Workspace
 
-BUCKET_MULTIPLE = 256  # sequence lengths are padded to a multiple of this (one compile per length)
-
-
 def expert_conversations(cfg: ml_collections.ConfigDict) -> list[af.Conversation]:
   """One conversation per purchased ScriptedExpert episode on the first sft.expert_episodes train goals."""
   from webshop import ScriptedExpert, WebShopEnv
@@ -69,19 +66,21 @@ def load_examples(cfg: ml_collections.ConfigDict, tokenizer) -> tuple[list[af.Sf
   return kept, len(examples) - len(kept)
 
 
-def bucket_length(length: int, max_len: int) -> int:
-  return min(max_len, -(-length // BUCKET_MULTIPLE) * BUCKET_MULTIPLE)
+def bucket_length(length: int, max_len: int, length_bucket: int) -> int:
+  """`length` padded up to a multiple of `length_bucket` (one compiled step per padded length), at most max_len."""
+  return min(max_len, -(-length // length_bucket) * length_bucket)
 
 
-def epoch_batches(lengths: list[int], batch_size: int, max_len: int, seed: int, epoch: int
+def epoch_batches(lengths: list[int], batch_size: int, max_len: int, length_bucket: int, seed: int, epoch: int
                   ) -> list[tuple[int, list[int]]]:
   """(sequence length, example indices) per batch of one epoch: shuffled, grouped by length bucket."""
   rng = np.random.default_rng([seed, epoch])
   order = rng.permutation(len(lengths))
-  order = sorted(order, key=lambda i: bucket_length(lengths[i], max_len))  # stable: shuffled within buckets
+  bucket = lambda i: bucket_length(lengths[i], max_len, length_bucket)  # noqa: E731
+  order = sorted(order, key=bucket)  # stable: shuffled within buckets
   batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
   batches = [batches[i] for i in rng.permutation(len(batches))]
-  return [(max(bucket_length(lengths[i], max_len) for i in rows), [int(i) for i in rows]) for rows in batches]
+  return [(max(bucket(i) for i in rows), [int(i) for i in rows]) for rows in batches]
 
 
 def sft_batch(examples: list[af.SftExample], rows: list[int], seq_len: int, batch_size: int,
@@ -140,7 +139,8 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
     examples, dropped = load_examples(cfg, tokenizer)
   lengths = [len(e.ids) for e in examples]
   plan = [batch for epoch in range(cfg.sft.epochs)
-          for batch in epoch_batches(lengths, cfg.sft.batch_size, cfg.sft.max_len, cfg.seed, epoch)]
+          for batch in epoch_batches(lengths, cfg.sft.batch_size, cfg.sft.max_len, cfg.sft.length_bucket,
+                                     cfg.seed, epoch)]
   opt_cfg = optimizer_config(cfg, len(plan))
   tx = make_optimizer(opt_cfg)
   trainable = "lora" if cfg.sft.finetune == "lora" else "full"

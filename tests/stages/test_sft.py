@@ -58,14 +58,17 @@ def test_dataset_without_agent_steps_is_an_error(micro_config, tmp_path):
 
 def test_epoch_batches_cover_every_example_once_grouped_by_length():
   lengths = [100, 600, 1100, 90, 700, 1500, 400, 2000, 30]
-  batches = sft.epoch_batches(lengths, batch_size=2, max_len=2048, seed=0, epoch=0)
+  batches = sft.epoch_batches(lengths, batch_size=2, max_len=2048, length_bucket=256, seed=0, epoch=0)
   assert sorted(i for _, rows in batches for i in rows) == list(range(len(lengths)))
   for seq_len, rows in batches:
-    assert all(lengths[i] <= seq_len and seq_len % sft.BUCKET_MULTIPLE == 0 for i in rows)
-  buckets = [{sft.bucket_length(lengths[i], 2048) for i in rows} for _, rows in batches]
+    assert all(lengths[i] <= seq_len and seq_len % 256 == 0 for i in rows)
+  buckets = [{sft.bucket_length(lengths[i], 2048, 256) for i in rows} for _, rows in batches]
   assert sum(len(b) > 1 for b in buckets) <= 3  # only the leftovers of a bucket mix lengths
-  assert batches == sft.epoch_batches(lengths, batch_size=2, max_len=2048, seed=0, epoch=0)
-  assert batches != sft.epoch_batches(lengths, batch_size=2, max_len=2048, seed=0, epoch=1)
+  assert batches == sft.epoch_batches(lengths, batch_size=2, max_len=2048, length_bucket=256, seed=0, epoch=0)
+  assert batches != sft.epoch_batches(lengths, batch_size=2, max_len=2048, length_bucket=256, seed=0, epoch=1)
+  coarse = sft.epoch_batches(lengths, batch_size=2, max_len=2048, length_bucket=1024, seed=0, epoch=0)
+  assert {seq_len for seq_len, _ in coarse} == {1024, 2048}  # fewer compiled shapes than 256-token buckets
+  assert len({seq_len for seq_len, _ in batches}) > 2
 
 
 def test_batch_mask_weighs_agent_tokens_one_context_tokens_by_weight_and_padding_zero():
@@ -132,7 +135,7 @@ def test_lora_sft_changes_only_the_adapted_projections(micro_config):
   # where the time went: data, model, the first step (with its compilation), all steps
   assert all(summary[f"time_{phase}_s"] > 0 for phase in ("data", "init", "first_step", "train"))
   assert summary["time_first_step_s"] <= summary["time_train_s"]
-  assert len(summary["padded_lengths"]) == 1 and summary["padded_lengths"][0] % sft.BUCKET_MULTIPLE == 0
+  assert len(summary["padded_lengths"]) == 1 and summary["padded_lengths"][0] % cfg.sft.length_bucket == 0
   tokenizer = common.load_tokenizer(cfg, ws)
   initial_cfg, initial = common.init_policy(cfg, tokenizer, common.make_mesh(cfg))
   common.save_policy(ws, "untrained_copy", initial, initial_cfg)
