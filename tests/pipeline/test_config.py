@@ -62,6 +62,7 @@ def test_unknown_preset_is_rejected():
     ("model.remat_policy", "some", "config.model.remat_policy='some': must be one of ('none', 'full', 'dots', 'dots_no_batch')"),
     ("sft.context_loss_weight", -0.5, "config.sft.context_loss_weight=-0.5: must be >= 0.0"),
     ("sft.schedule", "cosin", "config.sft.schedule='cosin': must be one of ('cosine', 'constant')"),
+    ("sft.length_bucket", 0, "config.sft.length_bucket=0: must be >= 1"),
     ("prm.dtype", "fp8", "config.prm.dtype='fp8': must be one of ('', 'float32', 'bfloat16', 'float16')"),
     ("prm.length_bucket", 0, "config.prm.length_bucket=0: must be >= 1"),
     ("prm.checkpoint_every", 0, "config.prm.checkpoint_every=0: must be >= 1"),
