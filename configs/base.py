@@ -88,7 +88,8 @@ def get_base_config(preset: str = TINY) -> ml_collections.ConfigDict:
       # rematerialisation in training forward passes: "none" | "full" | "dots" | "dots_no_batch"
       remat_policy="full" if real else "none",
       # training and scoring forwards run the layers as one lax.scan (stacked on the fly): XLA compiles
-      # one layer body instead of num_layers copies (bench/compile_bench.py); decoding is unscanned
+      # one layer body instead of num_layers copies (bench/compile_bench.py), for a transient copy of
+      # the layer parameters (and of their gradients when they train); decoding is unscanned
       scan_layers=True,
       lora=ml_collections.ConfigDict(dict(rank=8, alpha=16.0, targets="q_proj,v_proj")),
   ))

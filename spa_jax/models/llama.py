@@ -255,9 +255,10 @@ def _stack_layer_states(layers) -> tuple[nnx.GraphDef, nnx.State]:
 
 def _cache_free_layers(layers, x_btd, cos_bth, sin_bth, positions_bt, attn_mask_bt, cfg: LlamaConfig):
   """The layer stack without a KV cache: one layer at a time, or with `cfg.scan_layers` one
-  `lax.scan` over the layers' variables stacked here (a transient copy), so that XLA traces and
-  compiles one layer body whatever the depth. Parameters keep their per-layer layout either way
-  (checkpoints, LoRA and the sharding rules do not change)."""
+  `lax.scan` over the layers' variables stacked here, so that XLA traces and compiles one layer
+  body whatever the depth. The stacked copy lives through the backward pass (with trained layer
+  parameters, so does a stacked copy of their gradients). Parameters keep their per-layer layout
+  either way (checkpoints, LoRA and the sharding rules do not change)."""
   if not cfg.scan_layers:
     for layer in layers:
       graphdef, layer_state = nnx.split(layer)
