@@ -11,8 +11,9 @@ buys, and what it costs per step, measured on the project's own programs:
   lora  the same step training LoRA (r 8 on q, v) over a frozen base: the PPO update's policy part
 Each (variant, program, round) is a fresh child process (no persistent compilation cache, so no
 variant inherits another's compilation); variants alternate within a round. Reported per child:
-tracing + lowering seconds, XLA compile seconds (`jit(...).lower(...).compile()`), the first call,
-the median step after it, and the loss after the steps (the two variants must agree). Appends a
+tracing + lowering seconds, XLA compile seconds (`jit(...).lower(...).compile()`), the program's
+scratch memory (XLA's temp buffers: where the scanned variant's stacked copies show), the first
+call, the median step after it, and the loss after the steps (the two variants must agree). Appends a
 section to bench/RESULTS.md (unless --no-results); ends with ONE JSON line on stdout.
 """
 
@@ -63,7 +64,7 @@ def child(preset: str, program: str, scan: bool, seq: int, steps: int) -> None:
     started = time.perf_counter()
     lowered = step.lower(state, batch)
     lowered_at = time.perf_counter()
-    lowered.compile()
+    temp_bytes = lowered.compile().memory_analysis().temp_size_in_bytes
     compiled_at = time.perf_counter()
     holder = {"state": state}
 
@@ -74,7 +75,7 @@ def child(preset: str, program: str, scan: bool, seq: int, steps: int) -> None:
     first_call_s = timed(run, repeats=1, warmup=0)
     step_s = timed(run, repeats=steps, warmup=0)
   print(json.dumps({"lower_s": lowered_at - started, "compile_s": compiled_at - lowered_at,
-                    "first_call_s": first_call_s, "step_s": step_s,
+                    "first_call_s": first_call_s, "step_s": step_s, "temp_GB": temp_bytes / 1e9,
                     "loss": float(holder["metrics"]["sft_loss"]), "backend": jax.default_backend(),
                     "device": jax.devices()[0].device_kind}))
 
@@ -98,7 +99,7 @@ def summarize(runs: list[dict]) -> dict:
     for variant in VARIANTS:
       mine = [run for run in runs if run["program"] == program and run["variant"] == variant]
       rows[variant] = {key: statistics.median(run[key] for run in mine)
-                       for key in ("lower_s", "compile_s", "first_call_s", "step_s", "loss")}
+                       for key in ("lower_s", "compile_s", "first_call_s", "step_s", "temp_GB", "loss")}
     unrolled, scanned = rows["unrolled"], rows["scanned"]
     rows["compile_speedup"] = ((unrolled["lower_s"] + unrolled["compile_s"])
                                / (scanned["lower_s"] + scanned["compile_s"]))
@@ -112,13 +113,13 @@ def markdown(summary: dict, args) -> str:
   lines = [f"- shape: `{args.preset}`, batch 16 x {args.seq} tokens (4 micro-batches), remat full; "
            f"{args.rounds} round(s), {args.steps} timed steps per child; {summary['backend']} "
            f"({summary['device']})", "",
-           "| program | variant | trace + lower s | XLA compile s | first call s | step s | loss after the steps |",
-           "|---|---|---|---|---|---|---|"]
+           "| program | variant | trace + lower s | XLA compile s | first call s | step s | XLA temp GB | loss after the steps |",
+           "|---|---|---|---|---|---|---|---|"]
   for program in PROGRAMS:
     for variant in VARIANTS:
       row = summary[program][variant]
       lines.append(f"| {program} | {variant} | {row['lower_s']:.1f} | {row['compile_s']:.1f} | "
-                   f"{row['first_call_s']:.2f} | {row['step_s']:.3f} | {row['loss']:.5f} |")
+                   f"{row['first_call_s']:.2f} | {row['step_s']:.3f} | {row['temp_GB']:.2f} | {row['loss']:.5f} |")
   lines.append("")
   for program in PROGRAMS:
     row = summary[program]
