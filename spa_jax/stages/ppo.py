@@ -16,7 +16,8 @@ Each agent turn is one action (step). Per iteration:
 4. targets (`training.ppo_targets`): KL-shaped rewards r_t - kl_coef KL_t, GAE over steps (a
    step-limit truncation is terminal: the env gives it reward 0), whitened advantages;
 5. `ppo_epochs` passes over shuffled mini-batches of `mini_batch_size * grad_accum` trajectories
-   (`grad_accum` micro-batches each): clipped policy + clipped value loss (`training.make_ppo_step`);
+   (`grad_accum` micro-batches each), each cut after its own last step token (`trim_to_steps`,
+   in `length_bucket` multiples): clipped policy + clipped value loss (`training.make_ppo_step`);
 6. the KL coefficient's controller (fixed or adaptive) sees the batch's mean KL.
 
 Each iteration's metrics (metrics/ppo_<mode>.jsonl) hold the rollout summary, the losses, `kl` (mean KL
@@ -27,7 +28,8 @@ sampler running other weights than the policy it is trained as. They also time t
 (wall seconds, compilation included: the first iteration compiles): `time_rollout_s` (1, online
 or offline data), `time_rewards_s` (2), `time_targets_s` (3-4), `time_update_s` (5); count the tokens
 (`generated_tokens` by the sampler, online; `batch_tokens` in the trajectories trained on;
-`padded_tokens` in their padded batch); and, on
+`padded_tokens` in their padded batch; `update_tokens`, the tokens of the update's mini-batches,
+trimmed, summed over its epochs); and, on
 GPU/TPU, `peak_memory_gb`: the device allocator's high-water mark at the iteration's end (GB since
 the process started, so it includes earlier stages run in the same process).
 
@@ -70,6 +72,7 @@ from spa_jax.rollout.trajectory_store import read_trajectories
 from spa_jax.sharding import shard_model
 from spa_jax.stages import common, label, prm
 from spa_jax.stages import eval as eval_stage
+from spa_jax.training.batch import trim_to_steps
 from spa_jax.training.checkpoint import Checkpointer
 from spa_jax.training.global_batch import to_global_batch
 from spa_jax.training.kl import make_kl_controller
@@ -336,21 +339,24 @@ def targets_batch(shared: Shared, state: PPOState, batch: dict[str, np.ndarray],
 
 
 def update(shared: Shared, step_fn, state: PPOState, batch: dict[str, np.ndarray], iteration: int):
-  """`ppo_epochs` passes of shuffled mini-batches; returns (state, mean metrics over the updates)."""
+  """`ppo_epochs` passes of shuffled mini-batches, each trimmed to its own steps; returns (state, mean
+  metrics over the updates, with `update_tokens`: the mini-batches' tokens, padding included)."""
   cfg = shared.cfg
   rows = cfg.ppo.mini_batch_size * cfg.ppo.grad_accum
   keys = [k for k in batch if k not in ("grounding_bs", "task_rewards_bs", "final_reward_b", "sampler_logp_bt")]
-  history = []
+  history, tokens = [], 0
   for epoch in range(cfg.ppo.ppo_epochs):
     order = np.random.default_rng([ppo_seed(cfg), iteration, epoch]).permutation(len(batch["tokens_bt"]))
     for start in range(0, len(order), rows):
       index = order[start:start + rows]
-      mini = {key: batch[key][index] for key in keys}
+      mini = trim_to_steps({key: batch[key][index] for key in keys}, cfg.ppo.length_bucket)
+      tokens += mini["tokens_bt"].size
       with jax.set_mesh(shared.mesh):
         state, metrics = step_fn(state, to_global_batch(prm.process_rows(mini), shared.mesh))
       history.append(metrics)  # device arrays: no host sync, the next mini-batch is prepared meanwhile
   history = jax.device_get(history)
-  return state, {name: float(np.mean([h[name] for h in history])) for name in history[0]}
+  return state, {name: float(np.mean([h[name] for h in history])) for name in history[0]} | {
+      "update_tokens": tokens}
 
 
 # ----------------------------------------------------------------------------- one reward mode

@@ -124,6 +124,21 @@ def make_trajectory_batch(token_rows: Sequence[Sequence[int]],
   return batch
 
 
+def trim_to_steps(batch: dict[str, np.ndarray], length_bucket: int) -> dict[str, np.ndarray]:
+  """`batch` with its per-token (`*_bt`) arrays cut after the last token any step reaches (the
+  largest `step_end_idx_bs`, at or after every action token and step start), rounded up to a
+  multiple of `length_bucket`. A causal model's losses at the steps never see the cut tokens
+  (padding, a final observation), so an update on the trimmed batch is the same update, on fewer
+  tokens: a mini-batch of short episodes need not pay for the longest one of the iteration."""
+  seq_len = batch["tokens_bt"].shape[1]
+  last = int(np.max(batch["step_end_idx_bs"], initial=-1))
+  length = min(seq_len, max(1, -(-(last + 1) // length_bucket)) * length_bucket)
+  for key, x in batch.items():
+    if key.endswith("_bt") and x.shape[1] != seq_len:
+      raise ValueError(f"{key} has {x.shape[1]} tokens per row, tokens_bt {seq_len}")
+  return {key: x[:, :length] if key.endswith("_bt") else x for key, x in batch.items()}
+
+
 def token_logprobs(logits_btv: jax.Array, tokens_bt: jax.Array) -> jax.Array:
   """log pi(token t | tokens < t), token-aligned [B, T] float32; position 0 (no context) is 0."""
   logits_btv = logits_btv[:, :-1].astype(jnp.float32)

@@ -103,3 +103,19 @@ def test_to_global_batch_single_process():
     np.testing.assert_array_equal(np.asarray(global_batch[name]), x)
   with pytest.raises(ValueError, match="leading"):
     to_global_batch({"a": np.zeros((2, 3)), "b": np.zeros((3,))}, mesh)
+
+
+def test_trim_to_steps_cuts_after_the_last_step_token_in_bucket_multiples(toy_batch):
+  last = int(toy_batch["step_end_idx_bs"].max())  # the toy's longest episode ends with an action
+  trimmed = tb.trim_to_steps(toy_batch, length_bucket=8)
+  length = trimmed["tokens_bt"].shape[1]
+  assert length == -(-(last + 1) // 8) * 8 < toy_batch["tokens_bt"].shape[1]
+  for key, x in toy_batch.items():
+    if key.endswith("_bt"):
+      np.testing.assert_array_equal(trimmed[key], x[:, :length])
+    else:
+      assert trimmed[key] is x
+  assert not toy_batch["loss_mask_bt"][:, length:].any() and (toy_batch["step_id_bt"][:, length:] == -1).all()
+  assert tb.trim_to_steps(toy_batch, length_bucket=1000)["tokens_bt"].shape == toy_batch["tokens_bt"].shape
+  with pytest.raises(ValueError, match="old_logp_bt has 5 tokens per row"):
+    tb.trim_to_steps(toy_batch | {"old_logp_bt": np.zeros((4, 5))}, length_bucket=8)

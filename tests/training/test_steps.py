@@ -10,7 +10,7 @@ from flax import nnx
 from conftest import tiny_config, tiny_llama, toy_trajectories
 from spa_jax.models import Llama, ValueModel, apply_lora
 from spa_jax.training import steps
-from spa_jax.training.batch import sum_tokens_per_step
+from spa_jax.training.batch import sum_tokens_per_step, trim_to_steps
 from spa_jax.training.optim import OptimizerConfig, make_optimizer
 from spa_jax.training.ppo_targets import ppo_targets
 from spa_jax.training.rewards import step_rewards
@@ -181,6 +181,19 @@ def test_ppo_step_improves_advantaged_tokens_and_fits_critic(ppo_step):
                                batch["step_id_bt"], 4).sum(-1)
   assert float(gain_b.sum()) > 0.0  # probability moved towards positive-advantage tokens
   assert int(state.policy.step) == 4 and int(state.critic.step) == 4
+
+
+def test_ppo_step_on_a_batch_trimmed_to_its_steps_is_the_same_update():
+  state, batch, _ = _ppo_setup()
+  trimmed = trim_to_steps(batch, length_bucket=8)
+  assert trimmed["tokens_bt"].shape[1] < batch["tokens_bt"].shape[1]
+  full_state, full_metrics = steps.make_ppo_step(state, PPO_CONFIG)(state, batch)
+  state, _, _ = _ppo_setup()
+  trimmed_state, trimmed_metrics = steps.make_ppo_step(state, PPO_CONFIG)(state, trimmed)
+  for name, value in full_metrics.items():
+    np.testing.assert_allclose(trimmed_metrics[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+  for a, b in zip(jax.tree.leaves(full_state), jax.tree.leaves(trimmed_state), strict=True):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)  # AdamW at lr 1e-3: float noise of 1% of a step
 
 
 def test_ppo_step_skips_batch_with_large_ratio(ppo_step):
