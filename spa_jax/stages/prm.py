@@ -40,7 +40,7 @@ from spa_jax.rollout.trajectory_store import read_trajectories
 from spa_jax.sharding import shard_model
 from spa_jax.stages import common
 from spa_jax.stages.sft import epoch_batches
-from spa_jax.training.batch import make_trajectory_batch
+from spa_jax.training.batch import bucketed_length, make_trajectory_batch
 from spa_jax.training.checkpoint import Checkpointer
 from spa_jax.training.global_batch import to_global_batch
 from spa_jax.training.optim import OptimizerConfig, make_optimizer
@@ -188,10 +188,8 @@ def to_host(x: jax.Array) -> np.ndarray:
 
 
 def padded_length(sequences: list[TrajectorySequence], multiple: int, max_len: int) -> int:
-  """The batch's sequence length: the longest sequence rounded up to a multiple of `multiple`
-  (one compiled shape per multiple), at most `max_len`."""
-  longest = max(len(s.tokens) for s in sequences)
-  return min(max_len, -(-longest // multiple) * multiple)
+  """The batch's sequence length: the longest sequence's, bucketed (`bucketed_length`)."""
+  return bucketed_length(max(len(s.tokens) for s in sequences), multiple, max_len)
 
 
 def length_groups(sequences: list[TrajectorySequence], batch_size: int, multiple: int, max_len: int):

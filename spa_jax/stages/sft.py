@@ -22,7 +22,7 @@ from spa_jax import distributed, tracking
 from spa_jax.models import Llama, apply_lora
 from spa_jax.rollout import agent_format as af
 from spa_jax.stages import common
-from spa_jax.training.batch import check_has_agent_tokens
+from spa_jax.training.batch import bucketed_length, check_has_agent_tokens
 from spa_jax.training.checkpoint import Checkpointer
 from spa_jax.training.global_batch import to_global_batch
 from spa_jax.training.optim import OptimizerConfig, learning_rate_schedule, make_optimizer
@@ -66,17 +66,12 @@ def load_examples(cfg: ml_collections.ConfigDict, tokenizer) -> tuple[list[af.Sf
   return kept, len(examples) - len(kept)
 
 
-def bucket_length(length: int, max_len: int, length_bucket: int) -> int:
-  """`length` padded up to a multiple of `length_bucket` (one compiled step per padded length), at most max_len."""
-  return min(max_len, -(-length // length_bucket) * length_bucket)
-
-
 def epoch_batches(lengths: list[int], batch_size: int, max_len: int, length_bucket: int, seed: int, epoch: int
                   ) -> list[tuple[int, list[int]]]:
   """(sequence length, example indices) per batch of one epoch: shuffled, grouped by length bucket."""
   rng = np.random.default_rng([seed, epoch])
   order = rng.permutation(len(lengths))
-  bucket = lambda i: bucket_length(lengths[i], max_len, length_bucket)  # noqa: E731
+  bucket = lambda i: bucketed_length(lengths[i], length_bucket, max_len)  # noqa: E731
   order = sorted(order, key=bucket)  # stable: shuffled within buckets
   batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
   batches = [batches[i] for i in rng.permutation(len(batches))]

@@ -124,6 +124,12 @@ def make_trajectory_batch(token_rows: Sequence[Sequence[int]],
   return batch
 
 
+def bucketed_length(length: int, length_bucket: int, max_len: int) -> int:
+  """`length` rounded up to a multiple of `length_bucket` (one compiled shape per multiple), at most
+  `max_len`: the padded length of every batch the training stages build."""
+  return min(max_len, -(-length // length_bucket) * length_bucket)
+
+
 def trim_to_steps(batch: dict[str, np.ndarray], length_bucket: int) -> dict[str, np.ndarray]:
   """`batch` with its per-token (`*_bt`) arrays cut after the last token any step reaches (the
   largest `step_end_idx_bs`, at or after every action token and step start), rounded up to a
@@ -132,7 +138,7 @@ def trim_to_steps(batch: dict[str, np.ndarray], length_bucket: int) -> dict[str,
   tokens: a mini-batch of short episodes need not pay for the longest one of the iteration."""
   seq_len = batch["tokens_bt"].shape[1]
   last = int(np.max(batch["step_end_idx_bs"], initial=-1))
-  length = min(seq_len, max(1, -(-(last + 1) // length_bucket)) * length_bucket)
+  length = bucketed_length(max(last + 1, 1), length_bucket, seq_len)
   for key, x in batch.items():
     if key.endswith("_bt") and x.shape[1] != seq_len:
       raise ValueError(f"{key} has {x.shape[1]} tokens per row, tokens_bt {seq_len}")

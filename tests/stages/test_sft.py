@@ -15,6 +15,7 @@ from conftest import MICRO, as_flags
 from spa_jax import configuration
 from spa_jax.rollout import agent_format as af
 from spa_jax.stages import common, sft
+from spa_jax.training.batch import bucketed_length
 from spa_jax.workspace import Workspace
 
 REPO = configuration.CONFIGS_DIR.parent
@@ -62,7 +63,7 @@ def test_epoch_batches_cover_every_example_once_grouped_by_length():
   assert sorted(i for _, rows in batches for i in rows) == list(range(len(lengths)))
   for seq_len, rows in batches:
     assert all(lengths[i] <= seq_len and seq_len % 256 == 0 for i in rows)
-  buckets = [{sft.bucket_length(lengths[i], 2048, 256) for i in rows} for _, rows in batches]
+  buckets = [{bucketed_length(lengths[i], 256, 2048) for i in rows} for _, rows in batches]
   assert sum(len(b) > 1 for b in buckets) <= 3  # only the leftovers of a bucket mix lengths
   assert batches == sft.epoch_batches(lengths, batch_size=2, max_len=2048, length_bucket=256, seed=0, epoch=0)
   assert batches != sft.epoch_batches(lengths, batch_size=2, max_len=2048, length_bucket=256, seed=0, epoch=1)
