@@ -141,6 +141,7 @@ def collect(workdir: pathlib.Path) -> dict:
     result["estimator"] = {key: estimator.get(key) for key in ESTIMATOR}
     result["progress_plot"] = str(workdir / "plots" / "prm_progress.png")
   result["curves"], result["eval_curves"] = {}, {}
+  result["held_out_tasks"] = json.loads((workdir / "config.json").read_text())["ppo"]["eval_tasks"]
   for path in sorted((workdir / "metrics").glob("ppo_*.jsonl")):
     rows = read_metrics(path)
     if path.stem.endswith("_eval"):
@@ -219,8 +220,9 @@ def plot_curves(seeds: list[dict], out: pathlib.Path) -> None:
 
 def iterations_to_reach(seeds: list[dict], fast: str = "ppo_spa", slow: str = "ppo_sparse") -> list[dict]:
   """Per seed with both held-out curves: `slow`'s start (step 0) and final held-out success rate, the
-  first PPO iteration (>= 1) at which `fast`'s reaches the final one (None: never) and that iteration
-  as a fraction of `slow`'s last one. Meaningful where `slow` ended above its start."""
+  first PPO iteration (>= 1) at which `fast`'s reaches the final one (None: never), that iteration as
+  a fraction of `slow`'s last one, and `noise`: two binomial standard errors of the difference of two
+  evaluations on the held-out goals. The criterion means something only where `slow`'s gain exceeds it."""
   out = []
   for s in seeds:
     curves = s.get("eval_curves", {})
@@ -230,8 +232,11 @@ def iterations_to_reach(seeds: list[dict], fast: str = "ppo_spa", slow: str = "p
     slow_last = curves[slow]["step"][-1]
     reached = next((step for step, value in zip(curves[fast]["step"], curves[fast]["eval_success_rate"])
                     if step >= 1 and value >= target), None)
+    p = (start + target) / 200
+    noise = 100 * 2 * np.sqrt(2 * p * (1 - p) / s["held_out_tasks"])
     out.append({"seed": s["seed"], "start": start, "target": target, "slow_iterations": slow_last,
-                "iteration": reached, "fraction": reached / slow_last if reached is not None else None})
+                "iteration": reached, "fraction": reached / slow_last if reached is not None else None,
+                "noise": float(noise)})
   return out
 
 
@@ -277,7 +282,9 @@ def markdown(seeds: list[dict], summary: dict) -> str:
                      for metric, d in diff.items()]
   if reach := summary.get("spa_reaches_sparse_final"):
     lines += ["", "SPA's held-out success rate reaches sparse's final one (greedy, ppo.eval_every): " + "; ".join(
-        f"seed {r['seed']}: sparse {r['start']:.1f} -> {r['target']:.1f}% in {r['slow_iterations']} iterations, SPA "
+        f"seed {r['seed']}: sparse {r['start']:.1f} -> {r['target']:.1f}% in {r['slow_iterations']} iterations"
+        + (f" (a gain inside the noise, +-{r['noise']:.1f}: the criterion is undefined)"
+           if r["target"] - r["start"] <= r["noise"] else "") + ", SPA "
         + (f"at iteration {r['iteration']} ({r['fraction']:.2f} of them)" if r["iteration"] is not None else "never")
         for r in reach)]
   lines += ["", "Per seed (score): " + "; ".join(

@@ -52,18 +52,22 @@ def ppo_needs_estimator(cfg: ml_collections.ConfigDict) -> bool:
           or cfg.ppo.mode == "offline")
 
 
-# Fields that bound how long a run goes on or only watch it (PPO's held-out evaluation), not what an
-# iteration computes: changing them neither redoes a finished stage nor discards its checkpoints (a
-# stage stopped by its budget goes on from its last checkpoint with run.force).
-NOT_FINGERPRINTED = {"ppo": ("time_budget_s", "eval_every", "eval_tasks")}
+# Fields that bound how long a run goes on, only watch it (PPO's held-out evaluation) or only trade
+# memory for compute (rematerialisation, the scanned layer stack), not what an iteration computes:
+# changing them neither redoes a finished stage nor discards its checkpoints (a stage stopped by its
+# budget goes on from its last checkpoint with run.force; PPO seeds sharing one GPU can turn
+# rematerialisation on without redoing the SFT policy they start from).
+NOT_FINGERPRINTED = {"ppo": ("time_budget_s", "eval_every", "eval_tasks"),
+                     "model": ("remat_policy", "scan_layers")}
 
 
 def stage_config(stage: str, cfg: ml_collections.ConfigDict) -> dict:
   """The part of the config that determines a stage's outputs."""
   sections = {key: (cfg[key].to_dict() if isinstance(cfg[key], ml_collections.ConfigDict) else cfg[key])
               for key in (*SHARED_SECTIONS, stage)}
-  if stage in NOT_FINGERPRINTED:
-    sections[stage] = {k: v for k, v in sections[stage].items() if k not in NOT_FINGERPRINTED[stage]}
+  for section, fields in NOT_FINGERPRINTED.items():
+    if section in sections:
+      sections[section] = {k: v for k, v in sections[section].items() if k not in fields}
   return sections
 
 

@@ -216,6 +216,25 @@ def estimate_progress(state: TrainState, sequences: list[TrajectorySequence], *,
   return progress
 
 
+def reward_spread(sequences: list[TrajectorySequence], saturated_share: float = 0.85) -> dict:
+  """How much the final rewards the estimator regresses onto vary: their std and the share of
+  trajectories at the most common value. Logs a warning when that share is >= `saturated_share`
+  (e.g. an SFT policy exploring the goals it was trained on succeeds almost always): the per-step
+  contributions then have little to explain and the held-out Pearson correlation is noise or undefined."""
+  rewards = np.array([s.final_reward for s in sequences], np.float64)
+  if not rewards.size:
+    return {"reward_std": float("nan"), "reward_modal_share": float("nan")}
+  _, counts = np.unique(rewards.round(6), return_counts=True)
+  spread = {"reward_std": float(rewards.std()), "reward_modal_share": float(counts.max() / rewards.size)}
+  if spread["reward_modal_share"] >= saturated_share:
+    logging.warning(
+        "prm: %.0f%% of the %d exploration trajectories share one final reward (std %.3f): the estimator has "
+        "little to learn. Explore where the SFT policy still fails: goals it was not trained on (a smaller "
+        "sft.expert_episodes), a higher explore.temperature, or more explore.samples_per_task.",
+        100 * spread["reward_modal_share"], rewards.size, spread["reward_std"])
+  return spread
+
+
 def fit_metrics(sequences: list[TrajectorySequence], progress: dict[str, np.ndarray]) -> dict[str, float]:
   """MSE and Pearson correlation of predicted sums sum_t c_t against final rewards R (Pearson is
   NaN when either side is constant)."""
@@ -342,6 +361,7 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
   if not train:
     raise ValueError(f"no exploration trajectory to train the progress estimator on (dropped: {dropped}); "
                      "run more exploration (explore.max_tasks) or raise prm.max_len")
+  spread = reward_spread(sequences)
   lengths = [len(s.tokens) for s in train]
   plan = [(epoch, *batch) for epoch in range(cfg.prm.epochs)
           for batch in epoch_batches(lengths, cfg.prm.batch_size, cfg.prm.max_len, cfg.prm.length_bucket,
@@ -405,7 +425,7 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
                   title="held-out" if heldout else "train (no held-out tasks)")
     outputs += [str(ws.plot_path("prm")), str(ws.plot_path(PROGRESS_PLOT))]
   return {"steps": len(plan), "resumed": resumed, "train_trajectories": len(train),
-          "heldout_trajectories": len(heldout), "dropped": dropped,
+          "heldout_trajectories": len(heldout), "dropped": dropped, **spread,
           **{f"{name}_{key}": _json_number(value) for name, part in fit.items() for key, value in part.items()},
           "outputs": outputs}
 

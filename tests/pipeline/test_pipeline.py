@@ -75,6 +75,14 @@ def test_ppo_seed_redoes_ppo_only_and_its_time_budget_nothing(cfg):
   assert run(cfg, stages) == []
 
 
+def test_memory_for_compute_settings_redo_nothing(cfg):
+  stages = FakeStages()
+  run(cfg, stages)
+  cfg.model.remat_policy = "full" if cfg.model.remat_policy != "full" else "none"
+  cfg.model.scan_layers = not cfg.model.scan_layers
+  assert run(cfg, stages) == []
+
+
 def test_shared_section_change_redoes_everything(cfg):
   stages = FakeStages()
   run(cfg, stages)

@@ -2,6 +2,8 @@
 held-out metrics, estimator export and reload, checkpoint resume."""
 
 import json
+import logging
+import types
 
 import numpy as np
 import pytest
@@ -64,6 +66,19 @@ def test_holdout_split_is_by_task_and_deterministic():
   assert prm.holdout_split([4, 4], 0.5, seed=0) == ([4], [])  # one task: nothing to hold out
 
 
+def test_reward_spread_warns_when_nearly_every_trajectory_has_one_reward(caplog):
+  def trajectories(*rewards):
+    return [types.SimpleNamespace(final_reward=r) for r in rewards]
+  with caplog.at_level(logging.WARNING):
+    varied = prm.reward_spread(trajectories(1.0, 0.5, 0.0, 1.0))
+  assert varied == {"reward_std": pytest.approx(np.std([1.0, 0.5, 0.0, 1.0])), "reward_modal_share": 0.5}
+  assert not caplog.records
+  with caplog.at_level(logging.WARNING):
+    saturated = prm.reward_spread(trajectories(*[1.0] * 9, 0.25))
+  assert saturated["reward_modal_share"] == 0.9
+  assert "share one final reward" in caplog.text and "sft.expert_episodes" in caplog.text
+
+
 def test_prm_stage_reports_held_out_fit_and_exports_the_estimator(workspace):
   ws = Workspace(workspace)
   cfg = make_config(workspace)
@@ -72,6 +87,7 @@ def test_prm_stage_reports_held_out_fit_and_exports_the_estimator(workspace):
   assert len(split["heldout"]) == 1 and not set(split["train"]) & set(split["heldout"])
   assert summary["train_trajectories"] == 9 and summary["heldout_trajectories"] == 3
   assert summary["dropped"] == {"no_steps": 0, "too_long": 0}
+  assert 0 < summary["reward_std"] and summary["reward_modal_share"] < 1
 
   rows = read_metrics(ws.metrics_path("prm"))
   epochs = [row for row in rows if "epoch" in row]
