@@ -11,9 +11,14 @@ def sft_section(preset: str) -> ml_collections.ConfigDict:
   real = base.is_real(preset)
   cfg = ml_collections.ConfigDict(dict(
       finetune="full",  # "full" | "lora"
-      # "expert": ScriptedExpert episodes on env.train_split; or a path to an ETO webshop_sft.json
+      # "expert": ScriptedExpert episodes on sft.train_split; or a path to an ETO webshop_sft.json
       data="expert",
       expert_episodes=config_dict.placeholder(int),  # None: one per train task (tiny: 2,137 goals)
+      # the goals of the expert demonstrations; unset: env.train_split, the goals exploration and PPO
+      # roll out on. A part of it keeps RL on goals SFT has not seen, e.g. sft.train_split="train[:1000]"
+      # with env.train_split="train[1000:]" (an SFT policy explores its own demonstrations' goals
+      # near the reward's ceiling: bench/RESULTS.md, 2026-12-05)
+      train_split=config_dict.placeholder(str),
       epochs=3 if real else 1,
       batch_size=16 if real else 4,  # sequences per optimizer step (global)
       micro_batch_size=2 if real else 4,

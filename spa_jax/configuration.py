@@ -6,6 +6,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 import ml_collections
+from webshop.catalogue import parse_split
 from webshop.search import SEARCH_BACKENDS
 
 CONFIGS_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
@@ -144,13 +145,18 @@ def _hf_directory(errors, cfg, path) -> None:
 
 
 def _split(errors, cfg, path) -> None:
-  name = _get(cfg, path)
+  try:
+    name, _ = parse_split(_get(cfg, path))
+  except ValueError as error:
+    errors.append(f"config.{path}: {error}")
+    return
   if name.startswith("file:"):
     if not pathlib.Path(name.removeprefix("file:")).expanduser().exists():
       errors.append(f"config.{path}={name!r}: the indices file does not exist")
   elif name not in SPLITS.get(cfg.env.catalogue, ()):
-    errors.append(f"config.{path}={name!r}: must be one of {SPLITS.get(cfg.env.catalogue)} for "
-                  f"env.catalogue={cfg.env.catalogue!r}, or 'file:/path/to/indices.json'")
+    errors.append(f"config.{path}={_get(cfg, path)!r}: must be one of {SPLITS.get(cfg.env.catalogue)} for "
+                  f"env.catalogue={cfg.env.catalogue!r}, or 'file:/path/to/indices.json', optionally "
+                  "followed by a slice such as [:1000]")
 
 
 def _section_errors(cfg) -> list[str]:
@@ -195,6 +201,8 @@ def _base_errors(errors: list[str], cfg) -> None:
     _existing_path(errors, cfg, "env.data_dir", "when env.catalogue='dir'")
   for path in ("env.train_split", "env.eval_split"):
     _split(errors, cfg, path)
+  if "sft" in cfg and cfg.sft.train_split:
+    _split(errors, cfg, "sft.train_split")
   _choice(errors, cfg, "model.dtype", DTYPES)
   _choice(errors, cfg, "model.param_dtype", ("float32", "bfloat16"))
   _choice(errors, cfg, "model.remat_policy", REMAT_POLICIES)

@@ -31,7 +31,8 @@ from spa_jax.training.train_state import abstract_train_state, create_train_stat
 from spa_jax.workspace import Workspace
 
 def expert_conversations(cfg: ml_collections.ConfigDict) -> list[af.Conversation]:
-  """One conversation per purchased ScriptedExpert episode on the first sft.expert_episodes train goals."""
+  """One conversation per purchased ScriptedExpert episode on the first sft.expert_episodes goals of
+  sft.train_split (unset: env.train_split)."""
   from webshop import ScriptedExpert, WebShopEnv
   from webshop.expert import run_expert_episode
 
@@ -39,7 +40,7 @@ def expert_conversations(cfg: ml_collections.ConfigDict) -> list[af.Conversation
   env = WebShopEnv(catalogue, **common.env_kwargs(cfg))
   expert = ScriptedExpert(catalogue)
   conversations = []
-  for goal in common.split_tasks(cfg, cfg.env.train_split, cfg.sft.expert_episodes):
+  for goal in common.split_tasks(cfg, cfg.sft.train_split or cfg.env.train_split, cfg.sft.expert_episodes):
     steps = run_expert_episode(env, goal, expert)
     if not steps[-1].info.get("reward_info"):
       continue  # no purchase: not a demonstration

@@ -141,6 +141,20 @@ def test_paper_splits_and_file_split(real_catalogue, tmp_path):
         real_catalogue.split('train')
 
 
+def test_a_sliced_split_is_that_part_of_the_split(embedded, tmp_path):
+    train = embedded.split('train')
+    first, rest = embedded.split('train[:1000]'), embedded.split('train[1000:]')
+    assert first == train[:1000] and rest == train[1000:] and not set(first) & set(rest)
+    assert embedded.split('train[1::2]') == train[1::2] and embedded.split('test[-5:]') == embedded.split('test')[-5:]
+    path = tmp_path / 'indices.json'
+    path.write_text(json.dumps([3, 1, 4]))
+    assert embedded.split(f'file:{path}[1:]') == [1, 4]
+    with pytest.raises(ValueError, match='non-zero step'):
+        embedded.split('train[::0]')
+    with pytest.raises(ValueError, match='unknown split'):
+        embedded.split('train[5]')
+
+
 def test_embedded_default_splits_are_product_disjoint(embedded):
     assert len(embedded.products) >= 1000 and embedded is Catalogue.embedded_default()
     train, test = embedded.split('train'), embedded.split('test')

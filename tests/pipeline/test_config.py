@@ -55,6 +55,8 @@ def test_unknown_preset_is_rejected():
     ("sft.data", "/no/such/webshop_sft.json", "does not exist"),
     ("env.eval_split", "paper_test", "must be one of ('train', 'test', 'all') for env.catalogue='embedded'"),
     ("env.train_split", "file:/no/such/indices.json", "the indices file does not exist"),
+    ("env.train_split", "train[::0]", "config.env.train_split: split 'train[::0]': the part in brackets must be"),
+    ("sft.train_split", "paper_train[:100]", "config.sft.train_split='paper_train[:100]': must be one of"),
     ("env.search_backend", "lucene", "config.env.search_backend='lucene': must be one of ('', 'pyserini', 'bm25')"),
     ("seed", -1, "config.seed=-1: must be >= 0"),
     ("model.lora.targets", "q_proj,qkv", "config.model.lora.targets='q_proj,qkv': must be comma-separated names"),

@@ -21,6 +21,16 @@ from spa_jax.workspace import Workspace
 REPO = configuration.CONFIGS_DIR.parent
 
 
+def test_sft_train_split_picks_the_demonstration_goals_apart_from_the_rl_goals(micro_config):
+  shared = micro_config("sft", {"env.train_split": "train[2:]"})  # exploration and PPO: from goal 2 on
+  apart = micro_config("sft", {"env.train_split": "train[2:]", "sft.train_split": "train[:2]"})
+  first_two = micro_config("sft", {"sft.expert_episodes": 2})
+  instructions = lambda cfg: [c.messages[len(af.prompt_messages(cfg.agent.one_shot))]["content"]
+                              for c in sft.expert_conversations(cfg)]
+  assert instructions(apart) == instructions(first_two)
+  assert not set(instructions(apart)) & set(instructions(shared))
+
+
 def test_expert_examples_train_on_the_agent_steps_only(micro_config):
   cfg = micro_config("sft")
   tokenizer = common.load_tokenizer(cfg, Workspace(cfg.workspace))

@@ -239,8 +239,13 @@ class Catalogue:
         ``"all"``; embedded catalogues: ``"train"`` / ``"test"`` (product-disjoint,
         200 test goals); real catalogues: ``"paper_test"`` (0-499), ``"paper_dev"``
         (500-1499), ``"paper_train"`` (1500-). ``"file:/path.json"``: a JSON list of
-        indices, e.g. ETO/SPA-RL's ``test_indices.json`` (not shipped here).
+        indices, e.g. ETO/SPA-RL's ``test_indices.json`` (not shipped here). Any of them
+        followed by a Python slice, ``"train[:1000]"``, ``"train[1000:]"``, ``"train[::2]"``,
+        is that part of the split (disjoint parts of one split for different stages).
         """
+        base, part = parse_split(name)
+        if part is not None:
+            return self.split(base)[part]
         if name == 'all':
             return list(range(len(self.goals)))
         if name.startswith('file:'):
@@ -252,6 +257,22 @@ class Catalogue:
         if self.split_scheme == 'embedded':
             return goals_lib.embedded_split(name, self.goals)
         return goals_lib.paper_split(name, len(self.goals))
+
+
+_SLICED_SPLIT = re.compile(r'(.+)\[(-?\d*(?::-?\d*){1,2})\]')
+
+
+def parse_split(name: str) -> tuple[str, slice | None]:
+    """A split name and the slice that follows it, if any: ``"train[:1000]"`` -> (``"train"``,
+    ``slice(None, 1000)``); ``"train"`` -> (``"train"``, None)."""
+    sliced = _SLICED_SPLIT.fullmatch(name)
+    if not sliced:
+        return name, None
+    parts = [int(x) if x else None for x in sliced.group(2).split(':')]
+    if parts[2:] == [0]:
+        raise ValueError(f'split {name!r}: the part in brackets must be a slice start:stop[:step] '
+                         'with a non-zero step, e.g. "train[:1000]" or "train[1::2]"')
+    return sliced.group(1), slice(*parts)
 
 
 @functools.cache
