@@ -105,6 +105,7 @@ LLAMA3_CHAT_TEMPLATE = (
 )
 _SLOT = "\0{}\0"  # stands for a message's content while the template is rendered
 _SLOT_PATTERN = re.compile("\0(\\d+)\0")
+_MEMO_TEXTS = 4096  # recently encoded texts an HFTokenizer keeps (cleared when full)
 _CONTEXT = ({"role": "user", "content": "Hello"}, {"role": "assistant", "content": "OK"})
 # Checked at load time: segment-wise encoding must equal the template's one-shot encoding of this.
 _PROBE = (
@@ -134,6 +135,7 @@ class HFTokenizer(Tokenizer):
             raise FileNotFoundError(f"HF tokenizer directory {path} does not exist; pass the model/tokenizer folder")
         self.path = path
         self._hf = AutoTokenizer.from_pretrained(str(path))
+        self._memo: dict[str, tuple[int, ...]] = {}
         llama3_ids = {name: self._token_id(tok) for name, tok in LLAMA3_SPECIAL_TOKENS.items()}
         if None not in llama3_ids.values():
             self._hf.chat_template = LLAMA3_CHAT_TEMPLATE  # also what an export of this tokenizer saves
@@ -174,10 +176,20 @@ class HFTokenizer(Tokenizer):
         if [int(i) for i in parts[1::2]] != list(range(len(messages))):
             raise ValueError(f"the chat template of {self.path} does not write each message's content once, "
                              "in order; spa_jax cannot encode its turns incrementally: use another tokenizer")
-        segments = [self.encode(part) for part in parts[::2]]
-        for i, message in enumerate(messages):
-            segments.insert(2 * i + 1, self.encode(message["content"].strip()))
-        return segments
+        texts = [text for i, format_text in enumerate(parts[::2])
+                 for text in (format_text, *([messages[i]["content"].strip()] if i < len(messages) else []))]
+        return self._encode_texts(texts)
+
+    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
+        """Each text's ids. Texts seen lately (the template's format text, the shared prompt's messages)
+        come from a memo; the others are encoded in one batched call (per-text calls cost ~0.1 ms each)."""
+        missing = list(dict.fromkeys(text for text in texts if text not in self._memo))
+        if missing:
+            if len(self._memo) + len(missing) > _MEMO_TEXTS:
+                self._memo.clear()
+                missing = list(dict.fromkeys(texts))
+            self._memo.update(zip(missing, map(tuple, self._hf(missing, add_special_tokens=False)["input_ids"])))
+        return [list(self._memo[text]) for text in texts]
 
     def _end_of_turn_id(self) -> int:
         after_reply = self._segments(_CONTEXT, add_generation_prompt=False)[-1]
