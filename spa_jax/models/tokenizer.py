@@ -176,9 +176,9 @@ class HFTokenizer(Tokenizer):
         if [int(i) for i in parts[1::2]] != list(range(len(messages))):
             raise ValueError(f"the chat template of {self.path} does not write each message's content once, "
                              "in order; spa_jax cannot encode its turns incrementally: use another tokenizer")
-        texts = [text for i, format_text in enumerate(parts[::2])
-                 for text in (format_text, *([messages[i]["content"].strip()] if i < len(messages) else []))]
-        return self._encode_texts(texts)
+        contents = [message["content"].strip() for message in messages]
+        formats = parts[::2]  # one more than the messages
+        return self._encode_texts([text for pair in zip(formats, contents) for text in pair] + formats[-1:])
 
     def _encode_texts(self, texts: list[str]) -> list[list[int]]:
         """Each text's ids. Texts seen lately (the template's format text, the shared prompt's messages)
