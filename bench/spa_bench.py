@@ -52,7 +52,7 @@ POLICIES = ("sft", "ppo_sparse", "ppo_spa")
 CURVES = ("success_rate", "score")  # train-rollout metrics of each PPO iteration
 EVAL_CURVES = tuple(f"eval_{metric}" for metric in CURVES)  # held-out (ppo.eval_every) metrics
 METRICS = ("score", "success_rate", "purchase_rate", "grounding", "mean_steps")
-ESTIMATOR = ("heldout_mse", "heldout_pearson", "train_mse", "train_pearson")
+ESTIMATOR = ("heldout_mse", "heldout_r2", "heldout_pearson", "heldout_steps_pearson", "train_mse", "train_pearson")
 # --quick: the same chain, about a third of the work (fewer tasks, rollouts and PPO iterations).
 QUICK = {"explore.max_tasks": 8, "ppo.iterations": 2, "ppo.rollouts_per_iteration": 8,
          "eval.max_tasks": 8, "eval.policies": ",".join(POLICIES)}
@@ -292,7 +292,9 @@ def markdown(seeds: list[dict], summary: dict) -> str:
   if est := summary.get("estimator"):
     lines += ["", "Progress estimator (predicted sum of c_t vs final reward): "
               f"held-out MSE {est['heldout_mse'][0]:.4f} ± {est['heldout_mse'][1]:.4f}, "
-              f"Pearson {est['heldout_pearson'][0]:.3f} ± {est['heldout_pearson'][1]:.3f}; "
+              f"R² {est['heldout_r2'][0]:.3f} ± {est['heldout_r2'][1]:.3f}, "
+              f"Pearson {est['heldout_pearson'][0]:.3f} ± {est['heldout_pearson'][1]:.3f}, "
+              f"Pearson with the number of steps {est['heldout_steps_pearson'][0]:.3f}; "
               f"train MSE {est['train_mse'][0]:.4f}, Pearson {est['train_pearson'][0]:.3f}",
               "", "Per-step progress plots: " + ", ".join(s["progress_plot"] for s in seeds)]
   lines += ["", "SFT per seed: " + "; ".join(

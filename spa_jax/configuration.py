@@ -295,6 +295,8 @@ def _ppo_errors(errors: list[str], cfg) -> None:
   _check(errors, cfg, "ppo.time_budget_s", lambda v: v is None or v > 0, "> 0 seconds (or unset: no budget)")
   _check(errors, cfg, "ppo.seed", lambda v: v is None or v >= 0, ">= 0 (or unset: config.seed)")
   _check(errors, cfg, "ppo.eval_every", lambda v: v >= 0, ">= 0 iterations (0: no held-out evaluation during PPO)")
+  _check(errors, cfg, "ppo.critic_warmup", lambda v: 0 <= v < cfg.ppo.iterations,
+         f">= 0 and below ppo.iterations={cfg.ppo.iterations} (iterations that train only the critic)")
   _check(errors, cfg, "ppo.eval_tasks", lambda v: v is None or v > 0, "> 0 goals (or unset: eval.max_tasks)")
   _at_least(errors, cfg, "ppo.max_mean_ratio", 1.0)  # the mean ratio is 1 before an update
   _choice(errors, cfg, "ppo.kl.estimator", KL_ESTIMATORS)

@@ -263,6 +263,17 @@ def progress_of(shared: Shared, mode: str, sequences) -> dict[str, np.ndarray]:
   return prm.estimate_progress(shared.estimator, sequences, **prm.estimator_forward(cfg, shared.tokenizer, shared.mesh))
 
 
+def progress_fit(mode: str, sequences, progress: dict[str, np.ndarray]) -> dict[str, float]:
+  """For `spa` rewards, how the progress sums of this iteration's rollouts fit their final rewards
+  (`prm.fit_metrics` as progress_<key>; progress_mean_predicted is the mean sum). The estimator was
+  fit on exploration trajectories; a policy that drifts to where it is wrong (longer episodes, for an
+  estimator that counts steps) shows here as a falling progress_pearson and a rising progress_steps_pearson."""
+  if mode != "spa":
+    return {}
+  fit = prm.fit_metrics(sequences, progress)
+  return {f"progress_{key}": value for key, value in fit.items() if key not in ("trajectories", "mean_reward")}
+
+
 def reward_batch(cfg: ml_collections.ConfigDict, mode: str, sequences, progress, pad_id: int) -> dict[str, np.ndarray]:
   """The trajectory batch of one iteration (rollouts_per_iteration rows, one length bucket) with
   its task rewards `task_rewards_bs` for reward mode `mode` and `sampler_logp_bt`, the log-probs
@@ -343,6 +354,7 @@ def update(shared: Shared, step_fn, state: PPOState, batch: dict[str, np.ndarray
   metrics over the updates, with `update_tokens`: the mini-batches' tokens, padding included)."""
   cfg = shared.cfg
   rows = cfg.ppo.mini_batch_size * cfg.ppo.grad_accum
+  train_policy = np.asarray(iteration >= cfg.ppo.critic_warmup)  # the first critic_warmup iterations: critic only
   keys = [k for k in batch if k not in ("grounding_bs", "task_rewards_bs", "final_reward_b", "sampler_logp_bt")]
   history, tokens = [], 0
   for epoch in range(cfg.ppo.ppo_epochs):
@@ -352,7 +364,7 @@ def update(shared: Shared, step_fn, state: PPOState, batch: dict[str, np.ndarray
       mini = trim_to_steps({key: batch[key][index] for key in keys}, cfg.ppo.length_bucket)
       tokens += mini["tokens_bt"].size
       with jax.set_mesh(shared.mesh):
-        state, metrics = step_fn(state, to_global_batch(prm.process_rows(mini), shared.mesh))
+        state, metrics = step_fn(state, to_global_batch(prm.process_rows(mini), shared.mesh), train_policy)
       history.append(metrics)  # device arrays: no host sync, the next mini-batch is prepared meanwhile
   history = jax.device_get(history)
   return state, {name: float(np.mean([h[name] for h in history])) for name in history[0]} | {
@@ -410,7 +422,8 @@ def train_mode(shared: Shared, mode: str) -> dict:
         raise ValueError(f"ppo {mode} iteration {iteration}: every rollout was dropped (no steps or longer "
                          f"than ppo.max_len={cfg.ppo.max_len})")
       with tracking.timed(times, "time_rewards_s"):
-        batch = reward_batch(cfg, mode, sequences, progress_of(shared, mode, sequences), shared.tokenizer.pad_id)
+        progress = progress_of(shared, mode, sequences)
+        batch = reward_batch(cfg, mode, sequences, progress, shared.tokenizer.pad_id)
       with tracking.timed(times, "time_targets_s"):
         batch, kl_stats = targets_batch(shared, state, batch, kl_coef)
       with tracking.timed(times, "time_update_s"):
@@ -418,7 +431,8 @@ def train_mode(shared: Shared, mode: str) -> dict:
         jax.block_until_ready(state)
       kl_coef = controller.update(kl_coef, kl_stats["kl"], len(sequences))
       last = {**{k: rollout[k] for k in ROLLOUT_METRICS if k in rollout}, **kl_stats, **train,
-              "trajectories": len(sequences), **times, **batch_sizes(batch, sequences)}
+              **progress_fit(mode, sequences, progress), "trajectories": len(sequences), **times,
+              **batch_sizes(batch, sequences)}
       if (peak := tracking.peak_memory_gb()) is not None:
         last["peak_memory_gb"] = peak
       writer.write(iteration + 1, last)

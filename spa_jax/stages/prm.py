@@ -235,18 +235,43 @@ def reward_spread(sequences: list[TrajectorySequence], saturated_share: float = 
   return spread
 
 
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+  """Pearson correlation (NaN when either side is constant)."""
+  return float("nan") if x.std() < 1e-12 or y.std() < 1e-12 else float(np.corrcoef(x, y)[0, 1])
+
+
 def fit_metrics(sequences: list[TrajectorySequence], progress: dict[str, np.ndarray]) -> dict[str, float]:
-  """MSE and Pearson correlation of predicted sums sum_t c_t against final rewards R (Pearson is
-  NaN when either side is constant)."""
+  """How the predicted sums sum_t c_t fit the final rewards R: MSE; R^2 = 1 - MSE / Var(R) (0: no
+  better than predicting the mean reward; NaN when R is constant); Pearson correlation with R; and
+  `steps_pearson`, their Pearson correlation with the number of steps (an estimator that only counts
+  steps has a high one, and its positive c_t pay SPA's policy for longer episodes). NaN where a side
+  is constant."""
+  if not len(sequences):
+    return {"mse": float("nan"), "r2": float("nan"), "pearson": float("nan"), "steps_pearson": float("nan"),
+            "trajectories": 0}
   predicted = np.array([progress[s.key].sum() for s in sequences], np.float64)
   rewards = np.array([s.final_reward for s in sequences], np.float64)
-  if not len(sequences):
-    return {"mse": float("nan"), "pearson": float("nan"), "trajectories": 0}
-  constant = predicted.std() < 1e-12 or rewards.std() < 1e-12
-  return {"mse": float(np.mean((predicted - rewards) ** 2)),
-          "pearson": float("nan") if constant else float(np.corrcoef(predicted, rewards)[0, 1]),
+  steps = np.array([s.num_steps for s in sequences], np.float64)
+  mse = float(np.mean((predicted - rewards) ** 2))
+  return {"mse": mse, "r2": float("nan") if rewards.std() < 1e-12 else 1.0 - mse / float(rewards.var()),
+          "pearson": _pearson(predicted, rewards), "steps_pearson": _pearson(predicted, steps),
           "mean_predicted": float(predicted.mean()), "mean_reward": float(rewards.mean()),
           "trajectories": len(sequences)}
+
+
+def warn_if_uninformative(fit: dict[str, float], where: str) -> bool:
+  """Logs a warning (and returns True) when the estimator predicts the final rewards of `where`'s
+  trajectories no better than their mean (R^2 <= 0): SPA's per-step rewards then carry no outcome."""
+  if not fit.get("r2", float("nan")) <= 0:  # NaN (constant rewards) is reward_spread's warning
+    return False
+  logging.warning(
+      "prm: on %s trajectories the progress estimator predicts the final reward no better than its mean "
+      "(R^2 %.2f, Pearson %.2f; its sums correlate %.2f with the number of steps). SPA's per-step rewards "
+      "would carry no outcome signal, and where every c_t is positive they pay the policy for longer "
+      "episodes. Train it on more and more varied exploration (explore.max_tasks, explore.samples_per_task, "
+      "goals the SFT policy still fails) or for more steps (prm.epochs, prm.learning_rate), and look at "
+      "plots/prm_progress.png.", where, fit["r2"], fit["pearson"], fit["steps_pearson"])
+  return True
 
 
 # ----------------------------------------------------------------------------- the estimator model
@@ -424,6 +449,7 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
     plot_progress(examples, examples_progress, ws.plot_path(PROGRESS_PLOT),
                   title="held-out" if heldout else "train (no held-out tasks)")
     outputs += [str(ws.plot_path("prm")), str(ws.plot_path(PROGRESS_PLOT))]
+  warn_if_uninformative(fit["heldout"] if heldout else fit["train"], "held-out" if heldout else "train")
   return {"steps": len(plan), "resumed": resumed, "train_trajectories": len(train),
           "heldout_trajectories": len(heldout), "dropped": dropped, **spread,
           **{f"{name}_{key}": _json_number(value) for name, part in fit.items() for key, value in part.items()},

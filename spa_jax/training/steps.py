@@ -97,11 +97,11 @@ def _constrain_to(tree: Any, shardings: list[Any]) -> Any:
 
 
 def _jit_update(step_fn, state_template):
-  """jit `step_fn(state, batch)` with the state donated and kept on its input shardings."""
+  """jit `step_fn(state, batch, *args)` with the state donated and kept on its input shardings."""
   shardings = [x.sharding for x in jax.tree.leaves(state_template)]
 
-  def pinned(state, batch):
-    new_state, metrics = step_fn(state, batch)
+  def pinned(state, batch, *args):
+    new_state, metrics = step_fn(state, batch, *args)
     return _constrain_to(new_state, shardings), metrics
 
   return jax.jit(pinned, donate_argnums=0)
@@ -202,13 +202,15 @@ def _ppo_loss_fn(params, micro, *, state: PPOState, cfg: PPOConfig, num_tokens, 
 
 
 def make_ppo_step(state_template: PPOState, cfg: PPOConfig):
-  """Jitted `(ppo_state, batch) -> (ppo_state, metrics)`: clipped policy + clipped value update.
+  """Jitted `(ppo_state, batch, train_policy=True) -> (ppo_state, metrics)`: clipped policy + clipped
+  value update; with `train_policy` False (pass a numpy bool: one compiled program for both) only the
+  critic's (critic warm-up: the policy and its optimizer state are returned as they came).
 
   Needs the layout keys plus `old_logp_bt`, `advantages_bt` (from `ppo_targets`), `returns_bs`
   and `old_values_bs`. If the mean ratio exceeds `cfg.max_mean_ratio` the state is returned
   unchanged and metrics["skipped"] is 1.
   """
-  def step(state, batch):
+  def step(state, batch, train_policy=True):
     num_tokens = jnp.maximum(jnp.sum(batch["loss_mask_bt"]), 1.0)
     num_steps = jnp.maximum(jnp.sum(batch["step_mask_bs"]), 1.0)
     loss_fn = functools.partial(_ppo_loss_fn, state=state, cfg=cfg, num_tokens=num_tokens,
@@ -219,8 +221,9 @@ def make_ppo_step(state_template: PPOState, cfg: PPOConfig):
     skipped = means["ratio"] > cfg.max_mean_ratio
 
     def update(state):
-      return PPOState(policy=state.policy.apply_gradients(policy_grads),
-                      critic=state.critic.apply_gradients(critic_grads))
+      policy = jax.lax.cond(train_policy, lambda policy: policy.apply_gradients(policy_grads), lambda policy: policy,
+                            state.policy)
+      return PPOState(policy=policy, critic=state.critic.apply_gradients(critic_grads))
     new_state = jax.lax.cond(skipped, lambda state: state, update, state)
     return new_state, means | {
         "skipped": skipped.astype(jnp.float32),

@@ -82,6 +82,7 @@ def test_unknown_preset_is_rejected():
     ("ppo.seed", -2, "config.ppo.seed=-2: must be >= 0"),
     ("ppo.eval_every", -1, "config.ppo.eval_every=-1: must be >= 0 iterations"),
     ("ppo.eval_tasks", 0, "config.ppo.eval_tasks=0: must be > 0 goals"),
+    ("ppo.critic_warmup", 2, "config.ppo.critic_warmup=2: must be >= 0 and below ppo.iterations=2"),
 ])
 def test_bad_values_are_named(path, value, message):
   cfg = configuration.load_config("eval")

@@ -34,7 +34,8 @@ def test_online_ppo_changes_the_policy_and_resumes_after_a_kill(tmp_path_factory
   assert summary["resumed"] == {"spa": False}
   rows = read_metrics(straight.metrics_path("ppo_spa"))
   assert [row["step"] for row in rows] == [1, 2]
-  for key in ("policy_loss", "value_loss", "kl", "clip_frac", "score", "task_return", "kl_coef"):
+  for key in ("policy_loss", "value_loss", "kl", "clip_frac", "score", "task_return", "kl_coef", "progress_mse",
+              "progress_mean_predicted"):
     assert np.isfinite(rows[-1][key])
   for row in rows:  # every phase of every iteration is timed
     assert all(row[f"time_{phase}_s"] > 0 for phase in ("rollout", "rewards", "targets", "update"))
@@ -82,6 +83,16 @@ def test_online_ppo_changes_the_policy_and_resumes_after_a_kill(tmp_path_factory
   ppo.run(make_config(reseeded.root, ONLINE | {"ppo.seed": 1}), reseeded)
   other = _weights(reseeded, "ppo_spa")
   assert any(not np.array_equal(other[k], trained[k]) for k in trained)
+
+  # critic warm-up: iteration 1 trains only the critic, so iteration 2 samples the SFT policy itself
+  # (KL exactly 0) and only its update moves the policy
+  warm = Workspace(workspace_copy(tmp_path_factory, tmp_path / "warm"))
+  ppo.run(make_config(warm.root, ONLINE | {"ppo.critic_warmup": 1}), warm)
+  rows = read_metrics(warm.metrics_path("ppo_spa"))
+  assert [row["kl"] for row in rows] == [0.0, 0.0]
+  warmed = _weights(warm, "ppo_spa")
+  assert any(not np.array_equal(warmed[k], sft[k]) for k in sft)
+  assert any(not np.array_equal(warmed[k], trained[k]) for k in trained)
 
 
 @pytest.mark.slow
@@ -157,6 +168,12 @@ def test_reward_modes_of_one_batch(tmp_path):
   np.testing.assert_allclose(rows["spa"], [[1.5, -0.5, 0.0], [0.75, 0.0, 0.0]])
   np.testing.assert_allclose(rows["sparse"], [[0.0, 0.75, 0.0], [0.0, 0.0, 0.0]])
   np.testing.assert_allclose(rows["grounding_only"], [[0.5, 0.75, 0.0], [0.5, 0.0, 0.0]])
+  # the per-iteration fit of the progress sums (0.25, 0.125) to the final rewards (0.75, 0), spa only
+  fit = ppo.progress_fit("spa", sequences, progress)
+  assert fit["progress_mean_predicted"] == pytest.approx(0.1875)
+  assert fit["progress_mse"] == pytest.approx((0.5 ** 2 + 0.125 ** 2) / 2)
+  assert fit["progress_pearson"] == pytest.approx(1.0) and fit["progress_steps_pearson"] == pytest.approx(1.0)
+  assert ppo.progress_fit("sparse", sequences, progress) == ppo.progress_fit("grounding_only", sequences, progress) == {}
 
 
 def _perturbed_lora(policy, scale: float, seed: int):

@@ -79,6 +79,28 @@ def test_reward_spread_warns_when_nearly_every_trajectory_has_one_reward(caplog)
   assert "share one final reward" in caplog.text and "sft.expert_episodes" in caplog.text
 
 
+def test_fit_metrics_and_the_warning_catch_an_estimator_that_only_counts_steps(caplog):
+  # longer episodes fail more often here; an estimator paying 0.2 per step predicts the opposite
+  steps, rewards = [3, 4, 4, 5, 6, 7], [1.0, 1.0, 0.8, 0.5, 0.0, 0.0]
+  sequences = [types.SimpleNamespace(key=str(k), num_steps=n, final_reward=r) for k, (n, r) in enumerate(zip(steps, rewards))]
+  counting = {str(k): np.full(n, 0.2, np.float32) for k, n in enumerate(steps)}
+  fit = prm.fit_metrics(sequences, counting)
+  assert fit["steps_pearson"] == pytest.approx(1.0) and fit["pearson"] < -0.9
+  assert fit["r2"] == pytest.approx(1 - fit["mse"] / np.var(rewards)) and fit["r2"] < 0
+  with caplog.at_level(logging.WARNING):
+    assert prm.warn_if_uninformative(fit, "held-out")
+  assert "no better than its mean" in caplog.text and "prm.epochs" in caplog.text
+  caplog.clear()
+  fitting = {str(k): np.full(n, (r + 0.05 * (-1) ** k) / n, np.float32)
+             for k, (n, r) in enumerate(zip(steps, rewards))}
+  good = prm.fit_metrics(sequences, fitting)
+  assert good["r2"] > 0.95 and good["pearson"] > 0.95
+  with caplog.at_level(logging.WARNING):
+    assert not prm.warn_if_uninformative(good, "held-out")
+    assert not prm.warn_if_uninformative(prm.fit_metrics(sequences[:2], counting), "held-out")  # R constant
+  assert not caplog.records
+
+
 def test_prm_stage_reports_held_out_fit_and_exports_the_estimator(workspace):
   ws = Workspace(workspace)
   cfg = make_config(workspace)

@@ -196,6 +196,20 @@ def test_ppo_step_on_a_batch_trimmed_to_its_steps_is_the_same_update():
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)  # AdamW at lr 1e-3: float noise of 1% of a step
 
 
+def test_critic_warmup_step_trains_the_critic_alone(ppo_step):
+  state, batch, _ = _ppo_setup()
+  before = jax.tree.map(np.array, state)
+  warm, metrics = ppo_step(state, batch, np.asarray(False))
+  assert float(metrics["skipped"]) == 0.0
+  for a, b in zip(jax.tree.leaves(before.policy), jax.tree.leaves(warm.policy), strict=True):
+    np.testing.assert_array_equal(a, b)  # parameters, optimizer moments and step count as they came
+  changed = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before.critic.params),
+                                                       jax.tree.leaves(warm.critic.params), strict=True)]
+  assert any(changed) and int(warm.critic.step) == 1
+  trained, _ = ppo_step(warm, batch, np.asarray(True))  # the same compiled step, policy on
+  assert int(trained.policy.step) == 1
+
+
 def test_ppo_step_skips_batch_with_large_ratio(ppo_step):
   state, batch, _ = _ppo_setup()
   # old log-probs 5 nats below the current policy: ratio e^5 = 148 > max_mean_ratio 10
