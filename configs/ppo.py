@@ -34,9 +34,9 @@ def ppo_section(preset: str) -> ml_collections.ConfigDict:
       # "spa" (progress + grounding), "sparse" (final reward only), "grounding_only".
       reward_modes="sparse,spa",
       critic_init="sft",  # critic backbone: "sft" (policy) | "prm" (the estimator's); the head starts at 0
-      # Iterations at the start that update only the critic (verl's trainer.critic_warmup; the paper and
-      # the released code: 0). Its head starts at 0, so the first advantages are returns-to-go: with
-      # spa's per-step rewards those favour early steps and penalise every trajectory's last one.
+      # Iterations at the start that update only the critic (verl's trainer.critic_warmup; released
+      # code: 0; the paper does not say). Its head starts at 0, so the first advantages are
+      # returns-to-go: with spa's per-step rewards those favour early steps and penalise the last one.
       critic_warmup=0,
       iterations=50 if real else 2,  # rollout + update rounds
       rollouts_per_iteration=32 if real else 12,  # trajectories per PPO step (global)
