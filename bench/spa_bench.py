@@ -54,18 +54,22 @@ EVAL_CURVES = tuple(f"eval_{metric}" for metric in CURVES)  # held-out (ppo.eval
 METRICS = ("score", "success_rate", "purchase_rate", "grounding", "mean_steps")
 ESTIMATOR = ("heldout_mse", "heldout_r2", "heldout_pearson", "heldout_steps_pearson", "train_mse", "train_pearson")
 # --quick: the same chain, about a third of the work (fewer tasks, rollouts and PPO iterations).
-QUICK = {"explore.max_tasks": 8, "ppo.iterations": 2, "ppo.rollouts_per_iteration": 8,
-         "eval.max_tasks": 8, "eval.policies": ",".join(POLICIES)}
+# Its 8 rollouts come as mini-batches of 2 x accumulation 4 (the tiny default's 6 x 1 does not divide 8).
+QUICK = {"explore.max_tasks": 8, "ppo.iterations": 2, "ppo.rollouts_per_iteration": 8, "ppo.mini_batch_size": 2,
+         "ppo.grad_accum": 4, "eval.max_tasks": 8, "eval.policies": ",".join(POLICIES)}
 
 
 def run_pipeline(workdir: pathlib.Path, overrides: dict[str, str], config: str) -> dict:
-  """Runs (or reuses) `spa_jax.main` in `workdir` (log: <workdir>.log); returns its CPU/wall time."""
+  """Runs (or reuses) `spa_jax.main` in `workdir` (log: <workdir>.log, appended to: the upstream's
+  label run and its SFT evaluation, or a rerun, keep the earlier output); returns its CPU/wall time."""
   command = [sys.executable, "-m", "spa_jax.main", f"--config={config}", f"--workdir={workdir}",
              "--config.tracking.progress=False", *(f"--config.{path}={value}" for path, value in overrides.items())]
   started = time.time()
   print(f"{workdir.name}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
   log_path = workdir.with_name(workdir.name + ".log")
-  with open(log_path, "w") as log:
+  with open(log_path, "a") as log:
+    log.write(f"\n==== {time.strftime('%Y-%m-%dT%H:%M:%S%z')} {' '.join(command[1:])}\n")
+    log.flush()
     child = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     _, status, usage = os.wait4(child.pid, 0)  # this child's own CPU time, also when runs go at once
   if exit_code := os.waitstatus_to_exitcode(status):
