@@ -52,7 +52,8 @@ POLICIES = ("sft", "ppo_sparse", "ppo_spa")
 CURVES = ("success_rate", "score")  # train-rollout metrics of each PPO iteration
 EVAL_CURVES = tuple(f"eval_{metric}" for metric in CURVES)  # held-out (ppo.eval_every) metrics
 METRICS = ("score", "success_rate", "purchase_rate", "grounding", "mean_steps")
-ESTIMATOR = ("heldout_mse", "heldout_r2", "heldout_pearson", "heldout_steps_pearson", "train_mse", "train_pearson")
+ESTIMATOR = ("heldout_mse", "heldout_r2", "heldout_pearson", "heldout_steps_pearson", "heldout_baseline_r2",
+             "train_mse", "train_pearson")
 # --quick: the same chain, about a third of the work (fewer tasks, rollouts and PPO iterations).
 # Its 8 rollouts come as mini-batches of 2 x accumulation 4 (the tiny default's 6 x 1 does not divide 8).
 QUICK = {"explore.max_tasks": 8, "ppo.iterations": 2, "ppo.rollouts_per_iteration": 8, "ppo.mini_batch_size": 2,
@@ -298,7 +299,8 @@ def markdown(seeds: list[dict], summary: dict) -> str:
               f"held-out MSE {est['heldout_mse'][0]:.4f} ± {est['heldout_mse'][1]:.4f}, "
               f"R² {est['heldout_r2'][0]:.3f} ± {est['heldout_r2'][1]:.3f}, "
               f"Pearson {est['heldout_pearson'][0]:.3f} ± {est['heldout_pearson'][1]:.3f}, "
-              f"Pearson with the number of steps {est['heldout_steps_pearson'][0]:.3f}; "
+              f"Pearson with the number of steps {est['heldout_steps_pearson'][0]:.3f} (a line through the "
+              f"numbers of steps and of ungrounded steps: R² {est['heldout_baseline_r2'][0]:.3f}); "
               f"train MSE {est['train_mse'][0]:.4f}, Pearson {est['train_pearson'][0]:.3f}",
               "", "Per-step progress plots: " + ", ".join(s["progress_plot"] for s in seeds)]
   lines += ["", "SFT per seed: " + "; ".join(

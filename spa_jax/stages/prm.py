@@ -259,18 +259,35 @@ def fit_metrics(sequences: list[TrajectorySequence], progress: dict[str, np.ndar
           "trajectories": len(sequences)}
 
 
-def warn_if_uninformative(fit: dict[str, float], where: str) -> bool:
+def counting_baseline_r2(train: list[TrajectorySequence], heldout: list[TrajectorySequence]) -> float:
+  """R^2 on `heldout` of a least-squares line through the number of steps and the number of
+  ungrounded steps, fit on `train`: what a predictor reading nothing but those two counts reaches, a
+  floor for the progress estimator (NaN when a side is empty or the held-out rewards are constant)."""
+  def features(part):
+    return np.array([[1.0, s.num_steps, s.num_steps - sum(s.grounding)] for s in part], np.float64)
+  rewards = np.array([s.final_reward for s in heldout], np.float64)
+  if not train or not heldout or rewards.std() < 1e-12:
+    return float("nan")
+  coef, *_ = np.linalg.lstsq(features(train), np.array([s.final_reward for s in train], np.float64), rcond=None)
+  return 1.0 - float(np.mean((features(heldout) @ coef - rewards) ** 2)) / float(rewards.var())
+
+
+def warn_if_uninformative(fit: dict[str, float], where: str, baseline_r2: float = float("nan")) -> bool:
   """Logs a warning (and returns True) when the estimator predicts the final rewards of `where`'s
-  trajectories no better than their mean (R^2 <= 0): SPA's per-step rewards then carry no outcome."""
-  if not fit.get("r2", float("nan")) <= 0:  # NaN (constant rewards) is reward_spread's warning
+  trajectories no better than their mean (R^2 <= 0) or worse than `baseline_r2` (counting_baseline_r2):
+  SPA's per-step rewards then carry less of the outcome than two counts would."""
+  r2 = fit.get("r2", float("nan"))
+  if not (r2 <= 0 or r2 < baseline_r2):  # NaN (constant rewards) is reward_spread's warning
     return False
+  baseline = (f", a line through the numbers of steps and of ungrounded actions fits it with R^2 {baseline_r2:.2f}"
+              if np.isfinite(baseline_r2) else "")
   logging.warning(
-      "prm: on %s trajectories the progress estimator predicts the final reward no better than its mean "
-      "(R^2 %.2f, Pearson %.2f; its sums correlate %.2f with the number of steps). SPA's per-step rewards "
-      "would carry no outcome signal, and where every c_t is positive they pay the policy for longer "
-      "episodes. Train it on more and more varied exploration (explore.max_tasks, explore.samples_per_task, "
-      "goals the SFT policy still fails) or for more steps (prm.epochs, prm.learning_rate), and look at "
-      "plots/prm_progress.png.", where, fit["r2"], fit["pearson"], fit["steps_pearson"])
+      "prm: on %s trajectories the progress estimator's sums fit the final reward with R^2 %.2f (Pearson %.2f; "
+      "%.2f with the number of steps)%s. SPA's per-step rewards would carry little of the outcome, and where "
+      "every c_t is positive they pay the policy for longer episodes. Train it for more steps (prm.epochs, "
+      "prm.learning_rate) or on more and more varied exploration (explore.max_tasks, explore.samples_per_task, "
+      "goals the SFT policy still fails), and look at plots/prm_progress.png.",
+      where, r2, fit["pearson"], fit["steps_pearson"], baseline)
   return True
 
 
@@ -449,8 +466,10 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
     plot_progress(examples, examples_progress, ws.plot_path(PROGRESS_PLOT),
                   title="held-out" if heldout else "train (no held-out tasks)")
     outputs += [str(ws.plot_path("prm")), str(ws.plot_path(PROGRESS_PLOT))]
-  warn_if_uninformative(fit["heldout"] if heldout else fit["train"], "held-out" if heldout else "train")
+  baseline_r2 = counting_baseline_r2(train, heldout)
+  warn_if_uninformative(fit["heldout"] if heldout else fit["train"], "held-out" if heldout else "train", baseline_r2)
   return {"steps": len(plan), "resumed": resumed, "train_trajectories": len(train),
+          "heldout_baseline_r2": _json_number(baseline_r2),
           "heldout_trajectories": len(heldout), "dropped": dropped, **spread,
           **{f"{name}_{key}": _json_number(value) for name, part in fit.items() for key, value in part.items()},
           "outputs": outputs}

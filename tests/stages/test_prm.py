@@ -82,14 +82,31 @@ def test_reward_spread_warns_when_nearly_every_trajectory_has_one_reward(caplog)
 def test_fit_metrics_and_the_warning_catch_an_estimator_that_only_counts_steps(caplog):
   # longer episodes fail more often here; an estimator paying 0.2 per step predicts the opposite
   steps, rewards = [3, 4, 4, 5, 6, 7], [1.0, 1.0, 0.8, 0.5, 0.0, 0.0]
-  sequences = [types.SimpleNamespace(key=str(k), num_steps=n, final_reward=r) for k, (n, r) in enumerate(zip(steps, rewards))]
+  ungrounded = [0, 0, 1, 1, 3, 4]
+  sequences = [types.SimpleNamespace(key=str(k), num_steps=n, final_reward=r, grounding=[0.0] * u + [1.0] * (n - u))
+               for k, (n, r, u) in enumerate(zip(steps, rewards, ungrounded))]
   counting = {str(k): np.full(n, 0.2, np.float32) for k, n in enumerate(steps)}
   fit = prm.fit_metrics(sequences, counting)
   assert fit["steps_pearson"] == pytest.approx(1.0) and fit["pearson"] < -0.9
   assert fit["r2"] == pytest.approx(1 - fit["mse"] / np.var(rewards)) and fit["r2"] < 0
   with caplog.at_level(logging.WARNING):
     assert prm.warn_if_uninformative(fit, "held-out")
-  assert "no better than its mean" in caplog.text and "prm.epochs" in caplog.text
+  assert "R^2 -" in caplog.text and "prm.epochs" in caplog.text
+  caplog.clear()
+
+  # the two-count line: least squares on four trajectories, R^2 on the other two
+  fit_on, judge = [0, 1, 2, 4], [3, 5]
+  features = np.array([[1, n, u] for n, u in zip(steps, ungrounded)], float)
+  coef, *_ = np.linalg.lstsq(features[fit_on], np.array(rewards)[fit_on], rcond=None)
+  judged = np.array(rewards)[judge]
+  expected = 1 - np.mean((features[judge] @ coef - judged) ** 2) / np.var(judged)
+  assert prm.counting_baseline_r2([sequences[i] for i in fit_on], [sequences[i] for i in judge]) == pytest.approx(expected)
+  assert np.isnan(prm.counting_baseline_r2(sequences[:4], []))
+  # ... and it fits all six better than the counting estimator: a warning even at R^2 > 0 below it
+  baseline = prm.counting_baseline_r2(sequences, sequences)
+  assert baseline > 0.9
+  with caplog.at_level(logging.WARNING):
+    assert prm.warn_if_uninformative({**fit, "r2": 0.5}, "held-out", baseline)
   caplog.clear()
   fitting = {str(k): np.full(n, (r + 0.05 * (-1) ** k) / n, np.float32)
              for k, (n, r) in enumerate(zip(steps, rewards))}
@@ -130,6 +147,10 @@ def test_prm_stage_reports_held_out_fit_and_exports_the_estimator(workspace):
                                    **prm.estimator_forward(cfg, tokenizer, mesh))
   fit = prm.fit_metrics(sequences, progress)
   np.testing.assert_allclose(fit["mse"], summary["heldout_mse"], rtol=1e-4)
+  train_sequences, _ = prm.load_sequences(
+      [r for r in expert_records(cfg) if r["task_id"] in split["train"]], tokenizer, cfg.prm.max_len)
+  baseline = prm.counting_baseline_r2(train_sequences, sequences)
+  assert baseline == pytest.approx(summary["heldout_baseline_r2"]) if np.isfinite(baseline) else summary["heldout_baseline_r2"] is None
   np.testing.assert_allclose(fit["pearson"], summary["heldout_pearson"], rtol=1e-4, atol=1e-6)
 
 
