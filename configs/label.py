@@ -8,7 +8,10 @@ from spa_jax.configuration import load_sibling
 def label_section() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       progress_coef=1.0,  # alpha
-      grounding_coef=0.5,  # beta
+      # beta (the released code's). It pays per valid step, so with beta * env.max_steps above the
+      # final reward's 1, ten valid steps without a purchase earn more than a perfect purchase: only
+      # the KL penalty keeps a policy from stalling (bench/RESULTS.md, 2026-12-06).
+      grounding_coef=0.5,
   ))
 
 
