@@ -1,0 +1,136 @@
+"""What a workspace's progress estimator learned, and what each reward mode makes of it at PPO's first
+update. Reads files only (no model is loaded, so it runs anywhere on a workspace copied off a GPU):
+
+    .venv/bin/python bench/estimator_report.py --workdir runs/default
+    .venv/bin/python bench/estimator_report.py --workdir /tmp/spa/upstream --no-results
+
+Needs the workspace's exploration trajectories (trajectories/explore.p*.jsonl, with exact tokens),
+prm/split.json and label/labels.jsonl (the label stage's c_t per step of the held-out trajectories).
+Reports:
+- the estimator's held-out fit (`prm.fit_metrics`: MSE, R^2, Pearson correlation of the sums with the
+  final reward and with the number of steps), the held-out R^2 of the least-squares line through the
+  numbers of steps and of ungrounded steps fit on the train trajectories (`prm.counting_baseline_r2`),
+  and, over all exploration trajectories, the Pearson correlation of the number of ungrounded actions
+  with the final reward and the mean reward per count;
+- per reward mode, the advantages of PPO's first update on the held-out trajectories: `ppo_targets`
+  (GAE over steps, whitened over action tokens) with the critic at 0 and the policy equal to its
+  reference (so KL 0), which is what the first iteration computes when its critic head starts at 0:
+  mean advantage at each trajectory's first and last step, and the share of last steps below 0.
+Appends the table to bench/RESULTS.md unless --no-results; prints one JSON line.
+"""
+
+import argparse
+import collections
+import json
+import pathlib
+import sys
+
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from results_log import append_section
+from spa_jax.rollout.trajectory_store import read_trajectories
+from spa_jax.stages import prm
+from spa_jax.training import ppo_targets
+from spa_jax.training.rewards import REWARD_MODES, step_rewards
+from spa_jax.workspace import Workspace
+
+
+def labelled_progress(ws: Workspace) -> dict[str, np.ndarray]:
+  """c_t per step of each labelled (held-out) trajectory, keyed like `TrajectorySequence.key`."""
+  rows = collections.defaultdict(list)
+  for line in (ws.stage_dir("label") / "labels.jsonl").read_text().splitlines():
+    row = json.loads(line)
+    rows[row["trajectory"]].append((row["step"], row["progress"]))
+  return {key: np.array([p for _, p in sorted(steps)], np.float32) for key, steps in rows.items()}
+
+
+def first_update_advantages(cfg, sequences, progress) -> dict[str, dict[str, float]]:
+  """Per reward mode: mean whitened advantage at the first and the last step, share of last steps < 0."""
+  seq_len = prm.padded_length(sequences, cfg.ppo.length_bucket, max(len(s.tokens) for s in sequences))
+  batch = prm.sequence_batch(sequences, seq_len, len(sequences), cfg.env.max_steps, pad_id=0)
+  progress_bs = np.zeros_like(batch["grounding_bs"])
+  for row, sequence in enumerate(sequences):
+    progress_bs[row, :sequence.num_steps] = progress[sequence.key]
+  inputs = {key: jnp.asarray(value) for key, value in batch.items()}
+  zeros_bt = jnp.zeros(batch["tokens_bt"].shape, jnp.float32)
+  out = {}
+  for mode in REWARD_MODES:
+    rewards_bs = step_rewards(mode, progress_bs=jnp.asarray(progress_bs), grounding_bs=inputs["grounding_bs"],
+                              step_mask_bs=inputs["step_mask_bs"], final_reward_b=inputs["final_reward_b"],
+                              alpha=cfg.label.progress_coef, beta=cfg.label.grounding_coef)
+    targets = ppo_targets(inputs, old_logp_bt=zeros_bt, ref_logp_bt=zeros_bt,
+                          old_values_bs=jnp.zeros_like(rewards_bs), task_rewards_bs=rewards_bs,
+                          kl_coef=jnp.float32(0.0), gamma=cfg.ppo.gamma, lam=cfg.ppo.gae_lambda,
+                          whiten_advantages=cfg.ppo.whiten_advantages)
+    advantages_bt, step_id_bt = np.asarray(targets["advantages_bt"]), batch["step_id_bt"]
+    per_step = [[advantages_bt[row][step_id_bt[row] == step][0] for step in range(s.num_steps)]
+                for row, s in enumerate(sequences)]
+    last = np.array([steps[-1] for steps in per_step])
+    out[mode] = {"first_step": float(np.mean([steps[0] for steps in per_step])), "last_step": float(last.mean()),
+                 "last_step_negative_share": float(np.mean(last < 0))}
+  return out
+
+
+def report(workdir: pathlib.Path) -> dict:
+  ws = Workspace(workdir)
+  cfg = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
+  split = prm.read_split(ws)
+  records = read_trajectories(ws, prm.EXPLORE)
+  sequences = [prm.trajectory_sequence(r, tokenizer=None) for r in records if r["num_steps"]]
+  heldout_ids = set(split["heldout"])
+  train = [s for s in sequences if s.task_id not in heldout_ids]
+  progress = labelled_progress(ws)
+  heldout = [s for s in sequences if s.key in progress]
+  ungrounded = np.array([s.num_steps - sum(s.grounding) for s in sequences])
+  rewards = np.array([s.final_reward for s in sequences])
+  return {"workdir": str(workdir), "trajectories": len(sequences), "train": len(train), "heldout": len(heldout),
+          "heldout_fit": prm.fit_metrics(heldout, progress),
+          "heldout_baseline_r2": prm.counting_baseline_r2(train, heldout),
+          "ungrounded_reward_pearson": float(np.corrcoef(ungrounded, rewards)[0, 1]),
+          "reward_by_ungrounded": {int(k): [int((ungrounded == k).sum()), float(rewards[ungrounded == k].mean())]
+                                   for k in np.unique(ungrounded)},
+          "first_update": first_update_advantages(cfg, heldout, progress)}
+
+
+def markdown(result: dict) -> str:
+  fit = result["heldout_fit"]
+  lines = [f"Workspace {result['workdir']}: {result['trajectories']} exploration trajectories "
+           f"({result['train']} train, {result['heldout']} held-out with labels).", "",
+           f"Estimator on the held-out ones: MSE {fit['mse']:.4f}, **R^2 {fit['r2']:.3f}**, Pearson with the "
+           f"final reward {fit['pearson']:.3f}, with the number of steps {fit['steps_pearson']:.3f}; mean sum "
+           f"{fit['mean_predicted']:.3f} against mean reward {fit['mean_reward']:.3f}.",
+           f"Line through the numbers of steps and of ungrounded steps (least squares on the train "
+           f"trajectories): held-out **R^2 {result['heldout_baseline_r2']:.3f}**.",
+           f"Number of ungrounded actions vs final reward, all exploration: Pearson "
+           f"{result['ungrounded_reward_pearson']:.3f}; " + ", ".join(
+               f"{k}: {n} trajectories, mean reward {r:.2f}" for k, (n, r) in result["reward_by_ungrounded"].items()),
+           "", "PPO's first update on the held-out trajectories (critic at 0, KL 0; whitened over action tokens):", "",
+           "| reward mode | mean advantage, first step | mean advantage, last step | last steps below 0 |",
+           "|---|---|---|---|"]
+  lines += [f"| {mode} | {a['first_step']:+.2f} | {a['last_step']:+.2f} | {100 * a['last_step_negative_share']:.0f}% |"
+            for mode, a in result["first_update"].items()]
+  return "\n".join(lines)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--workdir", required=True, help="a workspace with exploration, prm and label done")
+  parser.add_argument("--no-results", action="store_true", help="do not append to bench/RESULTS.md")
+  args = parser.parse_args()
+  workdir = pathlib.Path(args.workdir).expanduser().resolve()
+  missing = [p for p in ("prm/split.json", "label/labels.jsonl") if not (workdir / p).exists()]
+  if missing:
+    raise SystemExit(f"{workdir}: no {', '.join(missing)}; run the pipeline to the label stage first "
+                     f"(python -m spa_jax.main --workdir={workdir} --config.run.targets=label ...)")
+  result = report(workdir)
+  table = markdown(result)
+  print(table, file=sys.stderr)
+  if not args.no_results:
+    append_section("estimator_report", " ".join(["python bench/estimator_report.py", *sys.argv[1:]]), table)
+  print(json.dumps(result))
+
+
+if __name__ == "__main__":
+  main()
