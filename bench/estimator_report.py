@@ -31,7 +31,7 @@ import numpy as np
 
 from results_log import append_section
 from spa_jax.rollout.trajectory_store import read_trajectories
-from spa_jax.stages import prm
+from spa_jax.stages import common, prm
 from spa_jax.training import ppo_targets
 from spa_jax.training.rewards import REWARD_MODES, step_rewards
 from spa_jax.workspace import Workspace
@@ -73,19 +73,18 @@ def first_update_advantages(cfg, sequences, progress) -> dict[str, dict[str, flo
   return out
 
 
-def report(workdir: pathlib.Path) -> dict:
-  ws = Workspace(workdir)
-  cfg = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
+def report(ws: Workspace, cfg: ml_collections.ConfigDict, tokenizer=None) -> dict:
+  """The figures of the module doc; `tokenizer` re-encodes records without token ids (history elision)."""
   split = prm.read_split(ws)
   records = read_trajectories(ws, prm.EXPLORE)
-  sequences = [prm.trajectory_sequence(r, tokenizer=None) for r in records if r["num_steps"]]
+  sequences = [prm.trajectory_sequence(r, tokenizer) for r in records if r["num_steps"]]
   heldout_ids = set(split["heldout"])
   train = [s for s in sequences if s.task_id not in heldout_ids]
   progress = labelled_progress(ws)
   heldout = [s for s in sequences if s.key in progress]
   ungrounded = np.array([s.num_steps - sum(s.grounding) for s in sequences])
   rewards = np.array([s.final_reward for s in sequences])
-  return {"workdir": str(workdir), "trajectories": len(sequences), "train": len(train), "heldout": len(heldout),
+  return {"workdir": str(ws.root), "trajectories": len(sequences), "train": len(train), "heldout": len(heldout),
           "heldout_fit": prm.fit_metrics(heldout, progress),
           "heldout_baseline_r2": prm.counting_baseline_r2(train, heldout),
           "ungrounded_reward_pearson": float(np.corrcoef(ungrounded, rewards)[0, 1]),
@@ -124,7 +123,10 @@ def main() -> None:
   if missing:
     raise SystemExit(f"{workdir}: no {', '.join(missing)}; run the pipeline to the label stage first "
                      f"(python -m spa_jax.main --workdir={workdir} --config.run.targets=label ...)")
-  result = report(workdir)
+  cfg = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
+  ws = Workspace(workdir)
+  exact = all(r["tokens"] is not None for r in read_trajectories(ws, prm.EXPLORE))
+  result = report(ws, cfg, None if exact else common.load_tokenizer(cfg, ws))
   table = markdown(result)
   print(table, file=sys.stderr)
   if not args.no_results:

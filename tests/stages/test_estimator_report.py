@@ -1,0 +1,34 @@
+"""bench/estimator_report.py on the stage tests' workspace: it recomputes the label and prm stages'
+figures from the files alone, and PPO's first-update advantages as ppo_targets makes them."""
+
+import math
+import pathlib
+import sys
+
+import pytest
+
+from spa_jax.stages import common, label
+from spa_jax.workspace import Workspace
+from spa_workspace import make_config, workspace_copy
+
+sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "bench"))
+import estimator_report  # noqa: E402
+
+
+def test_estimator_report_recomputes_the_stage_figures(tmp_path_factory, tmp_path):
+  ws = Workspace(workspace_copy(tmp_path_factory, tmp_path))
+  cfg = make_config(ws.root)
+  labelled = label.run(cfg, ws)
+  result = estimator_report.report(ws, cfg, common.load_tokenizer(cfg, ws))
+  assert (result["trajectories"], result["train"], result["heldout"]) == (12, 9, 3)
+  assert result["heldout_fit"]["mse"] == pytest.approx(labelled["heldout_mse"], rel=1e-5)
+  baseline = ws.done_record("prm")["summary"]["heldout_baseline_r2"]
+  assert (math.isnan(result["heldout_baseline_r2"]) if baseline is None
+          else result["heldout_baseline_r2"] == pytest.approx(baseline))
+  # per task: the expert's purchase (0 ungrounded), its first step alone and the damaged copy (2)
+  assert result["reward_by_ungrounded"][2] == [4, 0.0]
+  assert sum(n for n, _ in result["reward_by_ungrounded"].values()) == 12
+  # sparse: only the held-out purchase earns a reward, so after whitening the other two trajectories'
+  # last steps are below 0 and the purchase's is above
+  assert result["first_update"]["sparse"]["last_step_negative_share"] == pytest.approx(2 / 3)
+  assert set(result["first_update"]) == {"spa", "sparse", "grounding_only"}
