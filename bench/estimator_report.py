@@ -20,7 +20,6 @@ Appends the table to bench/RESULTS.md unless --no-results; prints one JSON line.
 """
 
 import argparse
-import collections
 import json
 import pathlib
 import sys
@@ -31,37 +30,21 @@ import numpy as np
 
 from results_log import append_section
 from spa_jax.rollout.trajectory_store import read_trajectories
-from spa_jax.stages import common, prm
+from spa_jax.stages import common, label, ppo, prm
 from spa_jax.training import ppo_targets
-from spa_jax.training.rewards import REWARD_MODES, step_rewards
+from spa_jax.training.rewards import REWARD_MODES
 from spa_jax.workspace import Workspace
-
-
-def labelled_progress(ws: Workspace) -> dict[str, np.ndarray]:
-  """c_t per step of each labelled (held-out) trajectory, keyed like `TrajectorySequence.key`."""
-  rows = collections.defaultdict(list)
-  for line in (ws.stage_dir("label") / "labels.jsonl").read_text().splitlines():
-    row = json.loads(line)
-    rows[row["trajectory"]].append((row["step"], row["progress"]))
-  return {key: np.array([p for _, p in sorted(steps)], np.float32) for key, steps in rows.items()}
 
 
 def first_update_advantages(cfg, sequences, progress) -> dict[str, dict[str, float]]:
   """Per reward mode: mean whitened advantage at the first and the last step, share of last steps < 0."""
-  seq_len = prm.padded_length(sequences, cfg.ppo.length_bucket, max(len(s.tokens) for s in sequences))
-  batch = prm.sequence_batch(sequences, seq_len, len(sequences), cfg.env.max_steps, pad_id=0)
-  progress_bs = np.zeros_like(batch["grounding_bs"])
-  for row, sequence in enumerate(sequences):
-    progress_bs[row, :sequence.num_steps] = progress[sequence.key]
-  inputs = {key: jnp.asarray(value) for key, value in batch.items()}
-  zeros_bt = jnp.zeros(batch["tokens_bt"].shape, jnp.float32)
   out = {}
   for mode in REWARD_MODES:
-    rewards_bs = step_rewards(mode, progress_bs=jnp.asarray(progress_bs), grounding_bs=inputs["grounding_bs"],
-                              step_mask_bs=inputs["step_mask_bs"], final_reward_b=inputs["final_reward_b"],
-                              alpha=cfg.label.progress_coef, beta=cfg.label.grounding_coef)
-    targets = ppo_targets(inputs, old_logp_bt=zeros_bt, ref_logp_bt=zeros_bt,
-                          old_values_bs=jnp.zeros_like(rewards_bs), task_rewards_bs=rewards_bs,
+    batch = ppo.reward_batch(cfg, mode, sequences, progress, pad_id=0, rows=len(sequences))
+    rewards_bs = jnp.asarray(batch["task_rewards_bs"])
+    zeros_bt = jnp.zeros(batch["tokens_bt"].shape, jnp.float32)
+    targets = ppo_targets({key: jnp.asarray(value) for key, value in batch.items()}, old_logp_bt=zeros_bt,
+                          ref_logp_bt=zeros_bt, old_values_bs=jnp.zeros_like(rewards_bs), task_rewards_bs=rewards_bs,
                           kl_coef=jnp.float32(0.0), gamma=cfg.ppo.gamma, lam=cfg.ppo.gae_lambda,
                           whiten_advantages=cfg.ppo.whiten_advantages)
     advantages_bt, step_id_bt = np.asarray(targets["advantages_bt"]), batch["step_id_bt"]
@@ -73,14 +56,14 @@ def first_update_advantages(cfg, sequences, progress) -> dict[str, dict[str, flo
   return out
 
 
-def report(ws: Workspace, cfg: ml_collections.ConfigDict, tokenizer=None) -> dict:
-  """The figures of the module doc; `tokenizer` re-encodes records without token ids (history elision)."""
+def report(ws: Workspace, cfg: ml_collections.ConfigDict, records: list[dict], tokenizer=None) -> dict:
+  """The figures of the module doc from the exploration `records`; `tokenizer` re-encodes records
+  without token ids (history elision)."""
   split = prm.read_split(ws)
-  records = read_trajectories(ws, prm.EXPLORE)
   sequences = [prm.trajectory_sequence(r, tokenizer) for r in records if r["num_steps"]]
   heldout_ids = set(split["heldout"])
   train = [s for s in sequences if s.task_id not in heldout_ids]
-  progress = labelled_progress(ws)
+  progress = label.read_progress(ws)
   heldout = [s for s in sequences if s.key in progress]
   ungrounded = np.array([s.num_steps - sum(s.grounding) for s in sequences])
   rewards = np.array([s.final_reward for s in sequences])
@@ -125,8 +108,9 @@ def main() -> None:
                      f"(python -m spa_jax.main --workdir={workdir} --config.run.targets=label ...)")
   cfg = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
   ws = Workspace(workdir)
-  exact = all(r["tokens"] is not None for r in read_trajectories(ws, prm.EXPLORE))
-  result = report(ws, cfg, None if exact else common.load_tokenizer(cfg, ws))
+  records = read_trajectories(ws, prm.EXPLORE)
+  exact = all(r["tokens"] is not None for r in records)
+  result = report(ws, cfg, records, None if exact else common.load_tokenizer(cfg, ws))
   table = markdown(result)
   print(table, file=sys.stderr)
   if not args.no_results:

@@ -71,6 +71,11 @@ def read_labels(ws: Workspace) -> dict[str, list[dict]]:
   return grouped
 
 
+def read_progress(ws: Workspace) -> dict[str, np.ndarray]:
+  """The labelled trajectories' estimator outputs c_t, float32 [num_steps] per trajectory key."""
+  return {key: np.array([row["progress"] for row in rows], np.float32) for key, rows in read_labels(ws).items()}
+
+
 def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
   tokenizer = common.load_tokenizer(cfg, ws)
   mesh = common.make_mesh(cfg)

@@ -241,15 +241,14 @@ def offline_sequences(shared: Shared, iteration: int) -> tuple[list, dict]:
 def load_offline(shared: Shared) -> None:
   """The labelled trajectories (label/labels.jsonl) and their estimator outputs."""
   cfg = shared.cfg
-  labels = label.read_labels(shared.ws)
-  records = [r for r in read_trajectories(shared.ws, prm.EXPLORE) if f"{r['task_id']}:{r['rollout']}" in labels]
+  progress = label.read_progress(shared.ws)
+  records = [r for r in read_trajectories(shared.ws, prm.EXPLORE) if f"{r['task_id']}:{r['rollout']}" in progress]
   sequences, _ = prm.load_sequences(records, shared.tokenizer, cfg.ppo.max_len)
   if not sequences:
     raise ValueError("offline PPO has no labelled trajectories: the label stage labels the held-out tasks "
                      "only; raise prm.holdout_fraction or explore.max_tasks")
   shared.offline = sequences
-  shared.offline_progress = {key: np.array([row["progress"] for row in rows], np.float32)
-                             for key, rows in labels.items()}
+  shared.offline_progress = progress
 
 
 def progress_of(shared: Shared, mode: str, sequences) -> dict[str, np.ndarray]:
@@ -274,12 +273,13 @@ def progress_fit(mode: str, sequences, progress: dict[str, np.ndarray]) -> dict[
   return {f"progress_{key}": value for key, value in fit.items() if key not in ("trajectories", "mean_reward")}
 
 
-def reward_batch(cfg: ml_collections.ConfigDict, mode: str, sequences, progress, pad_id: int) -> dict[str, np.ndarray]:
-  """The trajectory batch of one iteration (rollouts_per_iteration rows, one length bucket) with
-  its task rewards `task_rewards_bs` for reward mode `mode` and `sampler_logp_bt`, the log-probs
-  the sampler recorded for each sampled action token (0 elsewhere and without exact tokens)."""
+def reward_batch(cfg: ml_collections.ConfigDict, mode: str, sequences, progress, pad_id: int,
+                 rows: int | None = None) -> dict[str, np.ndarray]:
+  """The trajectory batch of one iteration (`rows` rows, unset: rollouts_per_iteration; one length
+  bucket) with its task rewards `task_rewards_bs` for reward mode `mode` and `sampler_logp_bt`, the
+  log-probs the sampler recorded for each sampled action token (0 elsewhere and without exact tokens)."""
   seq_len = prm.padded_length(sequences, cfg.ppo.length_bucket, cfg.ppo.max_len)
-  batch = prm.sequence_batch(sequences, seq_len, cfg.ppo.rollouts_per_iteration, cfg.env.max_steps, pad_id)
+  batch = prm.sequence_batch(sequences, seq_len, rows or cfg.ppo.rollouts_per_iteration, cfg.env.max_steps, pad_id)
   progress_bs = np.zeros_like(batch["grounding_bs"])
   sampler_logp_bt = np.zeros_like(batch["loss_mask_bt"])
   for row, sequence in enumerate(sequences):

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from spa_jax.stages import common, label
+from spa_jax.rollout.trajectory_store import read_trajectories
+from spa_jax.stages import common, label, prm
 from spa_jax.workspace import Workspace
 from spa_workspace import make_config, workspace_copy
 
@@ -19,7 +20,7 @@ def test_estimator_report_recomputes_the_stage_figures(tmp_path_factory, tmp_pat
   ws = Workspace(workspace_copy(tmp_path_factory, tmp_path))
   cfg = make_config(ws.root)
   labelled = label.run(cfg, ws)
-  result = estimator_report.report(ws, cfg, common.load_tokenizer(cfg, ws))
+  result = estimator_report.report(ws, cfg, read_trajectories(ws, prm.EXPLORE), common.load_tokenizer(cfg, ws))
   assert (result["trajectories"], result["train"], result["heldout"]) == (12, 9, 3)
   assert result["heldout_fit"]["mse"] == pytest.approx(labelled["heldout_mse"], rel=1e-5)
   baseline = ws.done_record("prm")["summary"]["heldout_baseline_r2"]
