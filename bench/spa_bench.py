@@ -53,7 +53,7 @@ CURVES = ("success_rate", "score")  # train-rollout metrics of each PPO iteratio
 EVAL_CURVES = tuple(f"eval_{metric}" for metric in CURVES)  # held-out (ppo.eval_every) metrics
 METRICS = ("score", "success_rate", "purchase_rate", "grounding", "mean_steps")
 ESTIMATOR = ("heldout_mse", "heldout_r2", "heldout_pearson", "heldout_steps_pearson", "heldout_baseline_r2",
-             "train_mse", "train_pearson")
+             "train_mse", "train_pearson", "probe_cv_r2", "probe_heldout_r2")
 # --quick: the same chain, about a third of the work (fewer tasks, rollouts and PPO iterations).
 # Its 8 rollouts come as mini-batches of 2 x accumulation 4 (the tiny default's 6 x 1 does not divide 8).
 QUICK = {"explore.max_tasks": 8, "ppo.iterations": 2, "ppo.rollouts_per_iteration": 8, "ppo.mini_batch_size": 2,
@@ -258,8 +258,9 @@ def aggregate(seeds: list[dict]) -> dict:
   summary = {"policies": {p: {m: mean_std([s["policies"][p][m] for s in seeds]) for m in METRICS} for p in policies},
              "ci95": {p: {m: confidence_interval([s["policies"][p][m] for s in seeds]) for m in ("score", "success_rate")}
                       for p in policies}}
-  if "ppo_spa" in policies and "ppo_sparse" in policies:
-    summary["spa_minus_sparse"] = paired_difference(seeds, "ppo_spa", "ppo_sparse")
+  if "ppo_sparse" in policies:  # each dense mode against sparse, paired by PPO seed
+    summary["minus_sparse"] = {policy.removeprefix("ppo_"): paired_difference(seeds, policy, "ppo_sparse")
+                               for policy in policies if policy.startswith("ppo_") and policy != "ppo_sparse"}
   if all("estimator" in s for s in seeds):
     summary["estimator"] = {k: mean_std([s["estimator"][k] for s in seeds]) for k in ESTIMATOR}
   if reach := iterations_to_reach(seeds):
@@ -280,8 +281,8 @@ def markdown(seeds: list[dict], summary: dict) -> str:
     lines.append(f"| {policy} | " + " | ".join(cells) + " |")
   for name, row in summary.get("reference", {}).items():
     lines.append(f"| {name} (scripted) | {row['score']:.1f} | {row['success_rate']:.1f} | | | |")
-  if diff := summary.get("spa_minus_sparse"):
-    lines += [""] + [f"Paired SPA - sparse, {metric}: mean {d['mean']:+.1f}, 95% CI "
+  for mode, diff in summary.get("minus_sparse", {}).items():
+    lines += [""] + [f"Paired {mode} - sparse, {metric}: mean {d['mean']:+.1f}, 95% CI "
                      + (f"[{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]" if np.isfinite(d["ci95"][0]) else "n/a (one seed)")
                      + f", per seed {', '.join(f'{x:+.1f}' for x in d['per_seed'])}"
                      for metric, d in diff.items()]
@@ -301,7 +302,10 @@ def markdown(seeds: list[dict], summary: dict) -> str:
               f"Pearson {est['heldout_pearson'][0]:.3f} ± {est['heldout_pearson'][1]:.3f}, "
               f"Pearson with the number of steps {est['heldout_steps_pearson'][0]:.3f} (a line through the "
               f"numbers of steps and of ungrounded steps: R² {est['heldout_baseline_r2'][0]:.3f}); "
-              f"train MSE {est['train_mse'][0]:.4f}, Pearson {est['train_pearson'][0]:.3f}",
+              f"train MSE {est['train_mse'][0]:.4f}, Pearson {est['train_pearson'][0]:.3f}"
+              + (f"; its head's linear probe before fine-tuning (prm.head_init=probe): cross-validated R² "
+                 f"{est['probe_cv_r2'][0]:.3f}, held-out R² {est['probe_heldout_r2'][0]:.3f}"
+                 if np.isfinite(est["probe_heldout_r2"][0]) else ""),
               "", "Per-step progress plots: " + ", ".join(s["progress_plot"] for s in seeds)]
   lines += ["", "SFT per seed: " + "; ".join(
       f"seed {s['seed']}: {s['sft']['steps']} steps in {s['sft']['seconds']:.0f} s, last loss {s['sft']['final_loss']:.3f}"

@@ -3,7 +3,8 @@
 Real presets follow the released estimator (§4): full backbone from the SFT policy, 1 epoch,
 global batch 16, Adam LR 3e-6 with a 500-step linear warmup, weight decay 0.01, clip 1.0, bf16,
 sequences up to 4,096 tokens. The head is a hidden-state `ScalarHead`, not the released
-Linear(vocab, 1) on logits (§7.13). The tiny preset trains faster (LR 1e-3) on little data.
+Linear(vocab, 1) on logits (§7.13). The tiny preset trains faster (LR 1e-4) on little data. Unlike the released code, the head starts
+from a linear probe of the SFT backbone (`head_init`), not from zero.
 """
 
 import ml_collections
@@ -16,11 +17,16 @@ def prm_section(preset: str) -> ml_collections.ConfigDict:
   real = base.is_real(preset) or preset == base.SMOLLM2
   cfg = ml_collections.ConfigDict(dict(
       finetune="full",  # "full" | "lora" (LoRA adapters per model.lora, plus the head)
+      # The scalar head before training: "probe" (ridge regression of the final rewards on the SFT
+      # backbone's summed step features, penalty by task-grouped cross-validation; LP-FT) or "zero".
+      # From zero, fine-tuning first learns only the mean reward per step, so a short run counts steps.
+      head_init="probe",
       dtype="",  # activations: "" (model.dtype) | "bfloat16" | "float32"
       epochs=1 if real else 2,
       batch_size=16 if real else 8,  # trajectories per optimizer step (global)
       micro_batch_size=2 if real else 8,
-      learning_rate=3e-6 if real else 1e-3,
+      # tiny: 1e-4 (1e-3 from the probed head undoes it in 6 steps: bench/RESULTS.md "probed head")
+      learning_rate=3e-6 if real else 1e-4,
       warmup_steps=500 if real else 2,  # linear warmup, then constant
       weight_decay=0.01,
       grad_clip=1.0,

@@ -247,6 +247,7 @@ def _training_errors(errors: list[str], cfg) -> None:
            lambda v, s=stage: v >= 1 and v % cfg[s].micro_batch_size == 0,
            f"a positive multiple of {stage}.micro_batch_size")
     _at_least(errors, cfg, f"{stage}.weight_decay", 0.0)
+  _choice(errors, cfg, "prm.head_init", ("zero", "probe"))
   for stage in ("prm", "ppo"):
     _positive(errors, cfg, f"{stage}.grad_clip")
   for stage in ("sft", "prm", "ppo"):

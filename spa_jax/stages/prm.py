@@ -44,7 +44,7 @@ from spa_jax.training.batch import bucketed_length, make_trajectory_batch
 from spa_jax.training.checkpoint import Checkpointer
 from spa_jax.training.global_batch import to_global_batch
 from spa_jax.training.optim import OptimizerConfig, make_optimizer
-from spa_jax.training.steps import forward_step_values, make_progress_step
+from spa_jax.training.steps import forward_step_features, forward_step_values, make_progress_step
 from spa_jax.training.train_state import TrainState, abstract_train_state, create_train_state
 from spa_jax.workspace import Workspace, write_json_atomic
 
@@ -200,20 +200,36 @@ def length_groups(sequences: list[TrajectorySequence], batch_size: int, multiple
     yield padded_length(rows, multiple, max_len), rows
 
 
-def estimate_progress(state: TrainState, sequences: list[TrajectorySequence], *, batch_size: int,
-                      num_micro_batches: int, length_bucket: int, max_len: int, max_steps: int,
-                      pad_id: int, mesh) -> dict[str, np.ndarray]:
-  """The estimator's c_t per step of every sequence: {sequence key: float32 [num_steps]}."""
-  progress = {}
+def _forward_groups(sequences: list[TrajectorySequence], forward_fn, *, batch_size: int, length_bucket: int,
+                    max_len: int, max_steps: int, pad_id: int, mesh) -> list[tuple[list[TrajectorySequence], np.ndarray]]:
+  """(rows, host value of `forward_fn(global batch)`) for each length group of `sequences`."""
+  out = []
   with jax.set_mesh(mesh):
     for seq_len, rows in length_groups(sequences, batch_size, length_bucket, max_len):
       batch = sequence_batch(rows, seq_len, batch_size, max_steps, pad_id)
-      inputs = to_global_batch(process_rows(batch), mesh)
-      values_bs = to_host(forward_step_values(state, inputs, at="end",
-                                              num_micro_batches=num_micro_batches))
-      for row, sequence in enumerate(rows):
-        progress[sequence.key] = values_bs[row, :sequence.num_steps].astype(np.float32)
-  return progress
+      out.append((rows, to_host(forward_fn(to_global_batch(process_rows(batch), mesh)))))
+  return out
+
+
+def estimate_progress(state: TrainState, sequences: list[TrajectorySequence], *, num_micro_batches: int,
+                      **forward) -> dict[str, np.ndarray]:
+  """The estimator's c_t per step of every sequence: {sequence key: float32 [num_steps]}."""
+  def values(batch):
+    return forward_step_values(state, batch, at="end", num_micro_batches=num_micro_batches)
+  return {sequence.key: values_bs[row, :sequence.num_steps].astype(np.float32)
+          for rows, values_bs in _forward_groups(sequences, values, **forward)
+          for row, sequence in enumerate(rows)}
+
+
+def step_features(state: TrainState, sequences: list[TrajectorySequence], *, num_micro_batches: int,
+                  **forward) -> np.ndarray:
+  """[len(sequences), hidden_size] float64: each sequence's backbone hidden states at its action ends,
+  summed (`forward_step_features`), in the order of `sequences`."""
+  def features(batch):
+    return forward_step_features(state, batch, num_micro_batches=num_micro_batches)
+  by_key = {sequence.key: features_bd[row] for rows, features_bd in _forward_groups(sequences, features, **forward)
+            for row, sequence in enumerate(rows)}
+  return np.stack([by_key[s.key] for s in sequences]).astype(np.float64)
 
 
 def reward_spread(sequences: list[TrajectorySequence], saturated_share: float = 0.85) -> dict:
@@ -270,6 +286,69 @@ def counting_baseline_r2(train: list[TrajectorySequence], heldout: list[Trajecto
     return float("nan")
   coef, *_ = np.linalg.lstsq(features(train), np.array([s.final_reward for s in train], np.float64), rcond=None)
   return 1.0 - float(np.mean((features(heldout) @ coef - rewards) ** 2)) / float(rewards.var())
+
+
+PROBE_L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearProbe:
+  """The scalar head fit by ridge regression on frozen features: c_t = kernel . h_t + bias."""
+  kernel: np.ndarray  # [hidden_size]
+  bias: float
+  l2: float  # the chosen penalty, relative to the features' mean squared value
+  cv_r2: float  # R^2 of the sums under task-grouped cross-validation at that penalty (NaN: no CV)
+
+
+def _ridge(features_nd: np.ndarray, steps_n: np.ndarray, rewards_n: np.ndarray, l2: float) -> np.ndarray:
+  """argmin_(w, b) |R - F w - T b|^2 / N + l2 * s * |w|^2, s = the mean of diag(F^T F) / N (so that
+  `l2` does not depend on the features' scale); the step term b is not penalised. Returns (w, b)."""
+  x_nk = np.concatenate([features_nd, steps_n[:, None]], axis=1)
+  gram_kk = x_nk.T @ x_nk / len(x_nk)
+  scale = float(np.mean(np.diag(gram_kk)[:-1])) or 1.0
+  penalty_k = np.full(x_nk.shape[1], l2 * scale)
+  penalty_k[-1] = 0.0
+  return np.linalg.solve(gram_kk + np.diag(penalty_k), x_nk.T @ rewards_n / len(x_nk))
+
+
+def fit_linear_probe(features_nd: np.ndarray, steps_n: np.ndarray, rewards_n: np.ndarray, groups_n: np.ndarray,
+                     *, seed: int, folds: int = 5, l2_grid: tuple[float, ...] = PROBE_L2_GRID) -> LinearProbe:
+  """The progress head that best predicts the final rewards R from the frozen backbone: since
+  sum_t c_t = kernel . (sum_t h_t) + bias * T, a ridge regression of R on the summed step features and
+  the number of steps. The penalty is chosen from `l2_grid` by cross-validation over folds of whole
+  groups (tasks: no task's rollouts on both sides), then the probe is refit on everything (linear
+  probing before fine-tuning, LP-FT, Kumar et al. 2022: the head starts where the features already
+  point, instead of at zero where every c_t is the mean reward per step)."""
+  tasks = np.random.default_rng([seed, 11]).permutation(np.unique(groups_n))
+  fold_of_task = {task: i % folds for i, task in enumerate(tasks)}
+  fold_n = np.array([fold_of_task[g] for g in groups_n])
+  cv_mse = {}
+  if len(tasks) >= 2 and np.std(rewards_n) > 1e-12:
+    for l2 in l2_grid:
+      errors = np.empty_like(rewards_n)
+      for fold in np.unique(fold_n):
+        held, kept = fold_n == fold, fold_n != fold
+        coef = _ridge(features_nd[kept], steps_n[kept], rewards_n[kept], l2)
+        errors[held] = rewards_n[held] - np.concatenate([features_nd[held], steps_n[held, None]], axis=1) @ coef
+      cv_mse[l2] = float(np.mean(errors ** 2))
+  l2 = min(cv_mse, key=cv_mse.get) if cv_mse else l2_grid[len(l2_grid) // 2]
+  coef = _ridge(features_nd, steps_n, rewards_n, l2)
+  cv_r2 = 1.0 - cv_mse[l2] / float(np.var(rewards_n)) if cv_mse else float("nan")
+  return LinearProbe(kernel=coef[:-1], bias=float(coef[-1]), l2=l2, cv_r2=cv_r2)
+
+
+def probe_head(model: ValueModel, train: list[TrajectorySequence], forward: dict, seed: int) -> LinearProbe:
+  """Fits `fit_linear_probe` on `train`'s features under `model`'s backbone and sets its head to it
+  (every process computes the same probe from all-gathered features)."""
+  frozen = create_train_state(model, optax.set_to_zero(), trainable="full")
+  features_nd = step_features(frozen, train, **forward)
+  probe = fit_linear_probe(features_nd, np.array([s.num_steps for s in train], np.float64),
+                           np.array([s.final_reward for s in train], np.float64),
+                           np.array([s.task_id for s in train]), seed=seed)
+  model.head.kernel[...] = jax.numpy.asarray(probe.kernel, jax.numpy.float32)
+  model.head.bias[...] = jax.numpy.asarray(probe.bias, jax.numpy.float32)
+  shard_model(model, forward["mesh"])
+  return probe
 
 
 def warn_if_uninformative(fit: dict[str, float], where: str, baseline_r2: float = float("nan")) -> bool:
@@ -383,10 +462,28 @@ def _split_sequences(cfg, ws, sequences):
 
 
 def estimator_forward(cfg: ml_collections.ConfigDict, tokenizer, mesh) -> dict:
-  """Keyword arguments of `estimate_progress` for this config."""
+  """Keyword arguments of `estimate_progress` (and `step_features`) for this config."""
   return dict(batch_size=cfg.prm.batch_size, num_micro_batches=cfg.prm.batch_size // cfg.prm.micro_batch_size,
               length_bucket=cfg.prm.length_bucket, max_len=cfg.prm.max_len, max_steps=cfg.env.max_steps,
               pad_id=tokenizer.pad_id, mesh=mesh)
+
+
+def initial_head(cfg: ml_collections.ConfigDict, model: ValueModel, train: list[TrajectorySequence],
+                 heldout: list[TrajectorySequence], forward: dict) -> dict:
+  """Sets the estimator's head per `prm.head_init` before training: "zero" leaves it at 0, "probe"
+  fits it to the SFT backbone's features (`probe_head`). Returns the probe's summary (empty for
+  "zero"): its penalty, its cross-validated R^2 and the held-out fit of the probed head, before any
+  fine-tuning."""
+  if cfg.prm.head_init == "zero":
+    return {}
+  probe = probe_head(model, train, forward, cfg.seed)
+  summary = {"probe_l2": probe.l2, "probe_cv_r2": _json_number(probe.cv_r2)}
+  if heldout:
+    frozen = create_train_state(model, optax.set_to_zero(), trainable="full")
+    fit = fit_metrics(heldout, estimate_progress(frozen, heldout, **forward))
+    summary |= {"probe_heldout_r2": _json_number(fit["r2"]), "probe_heldout_pearson": _json_number(fit["pearson"])}
+  logging.info("prm: linear probe of the SFT features (l2 %g): %s", probe.l2, summary)
+  return summary
 
 
 def read_split(ws: Workspace) -> dict[str, list[int]]:
@@ -415,20 +512,22 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
 
   ckpt = checkpointer(cfg, ws)
   resumed = ckpt.latest_step() is not None
+  forward = estimator_forward(cfg, tokenizer, mesh)
   if resumed:
     model_cfg = backbone_config(cfg, sft_dir, activation_dtype(cfg))
     abstract = abstract_train_state(lambda: _estimator_module(Llama(model_cfg, rngs=nnx.Rngs(0)), cfg, cfg.seed),
                                     tx, trainable=trainable, mesh=mesh)
-    state, _ = ckpt.restore(abstract)
+    state, metadata = ckpt.restore(abstract)
+    probe = metadata.get("probe", {})
     logging.info("prm: resuming from step %d of %d", int(state.step), len(plan))
   else:
     model_cfg, backbone = load_backbone(cfg, sft_dir, mesh, activation_dtype(cfg))
     model = shard_model(_estimator_module(backbone, cfg, cfg.seed), mesh)
+    probe = initial_head(cfg, model, train, heldout, forward)
     state = create_train_state(model, tx, trainable=trainable, seed=cfg.seed)
 
   step_fn = make_progress_step(state, num_micro_batches=num_micro)
-  forward = estimator_forward(cfg, tokenizer, mesh)
-  metadata = {"fingerprint": run_fingerprint(cfg, "prm"), "total_steps": len(plan)}
+  metadata = {"fingerprint": run_fingerprint(cfg, "prm"), "total_steps": len(plan), "probe": probe}
   fit = {}
   with ckpt, tracking.MetricsWriter(ws, "prm", cfg.tracking.tensorboard, append=resumed) as writer, \
       tracking.progress(len(plan), "prm", unit="step", enabled=cfg.tracking.progress) as bar:
@@ -468,7 +567,7 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
     outputs += [str(ws.plot_path("prm")), str(ws.plot_path(PROGRESS_PLOT))]
   baseline_r2 = counting_baseline_r2(train, heldout)
   warn_if_uninformative(fit["heldout"] if heldout else fit["train"], "held-out" if heldout else "train", baseline_r2)
-  return {"steps": len(plan), "resumed": resumed, "train_trajectories": len(train),
+  return {"steps": len(plan), "resumed": resumed, "train_trajectories": len(train), **probe,
           "heldout_baseline_r2": _json_number(baseline_r2),
           "heldout_trajectories": len(heldout), "dropped": dropped, **spread,
           **{f"{name}_{key}": _json_number(value) for name, part in fit.items() for key, value in part.items()},

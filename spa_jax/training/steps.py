@@ -278,6 +278,25 @@ def forward_step_values(state: TrainState, batch: Batch, *, at: str,
   return values_bs * batch["step_mask_bs"]
 
 
+@functools.partial(jax.jit, static_argnames=("graphdef", "num_micro_batches"))
+def _forward_step_features(graphdef, params, frozen, inputs, *, num_micro_batches):
+  def features(micro):
+    _, hidden_btd, _ = _merged(graphdef, params, frozen).backbone(
+        micro["tokens_bt"], micro["positions_bt"], compute_logits=False)
+    hidden_bsd = gather_steps(hidden_btd.astype(jnp.float32), micro["step_end_idx_bs"])
+    return jnp.einsum("bsd,bs->bd", hidden_bsd, micro["step_mask_bs"].astype(jnp.float32))
+  return map_micro_batches(features, inputs, num_micro_batches)
+
+
+def forward_step_features(state: TrainState, batch: Batch, *, num_micro_batches: int = 1) -> jax.Array:
+  """A `ValueModel`'s backbone hidden states (float32) at the end of each action, summed over each
+  trajectory's steps [B, D]: its scalar head is linear, so the sum of its per-step outputs is
+  `features_bd @ kernel + num_steps_b * bias` (what a linear probe of the estimator fits)."""
+  inputs = {key: batch[key] for key in ("tokens_bt", "positions_bt", "step_end_idx_bs", "step_mask_bs")}
+  return _forward_step_features(state.graphdef, state.params, state.frozen, inputs,
+                                num_micro_batches=num_micro_batches)
+
+
 def lora_reference(state: TrainState) -> TrainState:
   """The reference policy of a LoRA-only train state: the same model with adapters zeroed."""
   variables = jax.tree.leaves(state.params, is_leaf=lambda x: isinstance(x, nnx.Variable))

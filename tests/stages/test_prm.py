@@ -133,9 +133,12 @@ def test_prm_stage_reports_held_out_fit_and_exports_the_estimator(workspace):
   assert [row["epoch"] for row in epochs] == [1, 2]
   for row in epochs:
     assert all(np.isfinite(row[key]) for key in ("train_mse", "heldout_mse", "train_pearson", "heldout_pearson"))
-  # The head starts at zero (every sum 0) and the rewards are 0 or 1, so the untrained estimator's
-  # MSE is the mean reward: after training, the sums must fit the rewards better than that.
+  # The rewards are 0 or 1, so a zero head's MSE is the mean reward: the trained sums fit better.
   assert all(row["train_mse"] < 0.9 * row["train_mean_reward"] for row in epochs)
+  assert summary["probe_l2"] in prm.PROBE_L2_GRID and np.isfinite(summary["probe_heldout_r2"])
+  # the held-out rewards follow the number of ungrounded steps here: a zero-initialised head learns
+  # only the mean reward per step in these few steps (R^2 about 0), the probed head the outcome
+  assert summary["heldout_r2"] > 0.5
   assert ws.plot_path("prm").exists() and ws.plot_path(prm.PROGRESS_PLOT).exists()
 
   # the exported estimator reproduces the reported held-out fit
@@ -160,4 +163,55 @@ def test_prm_resumes_from_its_checkpoint(workspace):
   before = ws.done_record("prm")["summary"]
   again = prm.run(cfg, ws)  # every step is checkpointed: nothing left to train
   assert again["resumed"] and again["steps"] == before["steps"]
+  assert again["probe_l2"] == before["probe_l2"]  # the probe's summary travels in the checkpoint metadata
   np.testing.assert_allclose(again["heldout_mse"], before["heldout_mse"], rtol=1e-5)
+
+
+def test_linear_probe_recovers_a_linear_reward_and_picks_a_strong_penalty_for_noise():
+  rng = np.random.default_rng(0)
+  groups = np.repeat(np.arange(40), 4)  # 40 tasks x 4 rollouts
+  steps = rng.integers(2, 8, size=groups.size).astype(float)
+  features = rng.normal(size=(groups.size, 6)) * 3.0
+  kernel, bias = np.array([0.2, -0.1, 0.0, 0.05, 0.0, 0.3]), 0.04
+  rewards = features @ kernel + bias * steps + 0.01 * rng.normal(size=groups.size)
+  probe = prm.fit_linear_probe(features, steps, rewards, groups, seed=0)
+  np.testing.assert_allclose(probe.kernel, kernel, atol=0.01)
+  assert probe.bias == pytest.approx(bias, abs=0.01) and probe.cv_r2 > 0.99 and probe.l2 == min(prm.PROBE_L2_GRID)
+
+  noise = rng.normal(size=(groups.size, 60))  # 60 features unrelated to a 0/1 reward
+  outcome = (rng.random(groups.size) < 0.5).astype(float)
+  probe = prm.fit_linear_probe(noise, steps, outcome, groups, seed=0)
+  assert probe.l2 >= 1.0 and probe.cv_r2 < 0.1
+  constant = prm.fit_linear_probe(noise, steps, np.ones(groups.size), groups, seed=0)  # nothing to cross-validate
+  assert np.isnan(constant.cv_r2) and constant.l2 in prm.PROBE_L2_GRID
+
+
+def test_probed_head_sums_equal_the_probe_on_summed_features(workspace):
+  # the invariant that makes the probe the head's own fit: sum_t c_t of the estimator's forward pass
+  # equals features @ kernel + num_steps * bias, with the features from forward_step_features
+  ws = Workspace(workspace)
+  cfg = make_config(workspace)
+  tokenizer = common.load_tokenizer(cfg, ws)
+  mesh = common.make_mesh(cfg)
+  forward = prm.estimator_forward(cfg, tokenizer, mesh)
+  sequences, _ = prm.load_sequences(expert_records(cfg), tokenizer, cfg.prm.max_len)
+  train, heldout = sequences[:9], sequences[9:]
+  _, backbone = prm.load_backbone(cfg, common.policy_dir(ws, "sft"), mesh, prm.activation_dtype(cfg))
+  model = prm._estimator_module(backbone, cfg, cfg.seed)
+  summary = prm.initial_head(cfg, model, train, heldout, forward)
+  assert set(summary) == {"probe_l2", "probe_cv_r2", "probe_heldout_r2", "probe_heldout_pearson"}
+  state = prm.create_train_state(model, prm.optax.set_to_zero(), trainable="full")
+  features = prm.step_features(state, train, **forward)
+  steps = np.array([s.num_steps for s in train], float)
+  kernel, bias = np.asarray(model.head.kernel[...], float), float(model.head.bias[...])
+  sums = np.array([v.sum() for v in prm.estimate_progress(state, train, **forward).values()])
+  order = list(prm.estimate_progress(state, train, **forward))
+  expected = dict(zip([s.key for s in train], features @ kernel + steps * bias))
+  np.testing.assert_allclose(sums, [expected[k] for k in order], rtol=1e-4, atol=1e-4)
+  # the probe fits its train set at least as well as the best head that only counts steps
+  rewards = np.array([s.final_reward for s in train])
+  counting = np.sum(rewards * steps) / np.sum(steps * steps) * steps
+  probed = np.array([expected[s.key] for s in train])
+  assert np.mean((probed - rewards) ** 2) <= np.mean((counting - rewards) ** 2) + 1e-6
+  assert prm.fit_metrics(heldout, prm.estimate_progress(state, heldout, **forward))["r2"] == pytest.approx(
+      summary["probe_heldout_r2"], abs=1e-6)
