@@ -56,6 +56,9 @@ def first_update_advantages(cfg, sequences, progress) -> dict[str, dict[str, flo
   return out
 
 
+PROBE_KEYS = ("probe_l2", "probe_cv_r2", "probe_heldout_r2")  # the prm stage's summary, with head_init=probe
+
+
 def report(ws: Workspace, cfg: ml_collections.ConfigDict, records: list[dict], tokenizer=None) -> dict:
   """The figures of the module doc from the exploration `records`; `tokenizer` re-encodes records
   without token ids (history elision)."""
@@ -73,7 +76,8 @@ def report(ws: Workspace, cfg: ml_collections.ConfigDict, records: list[dict], t
           "ungrounded_reward_pearson": float(np.corrcoef(ungrounded, rewards)[0, 1]),
           "reward_by_ungrounded": {int(k): [int((ungrounded == k).sum()), float(rewards[ungrounded == k].mean())]
                                    for k in np.unique(ungrounded)},
-          "first_update": first_update_advantages(cfg, heldout, progress)}
+          "first_update": first_update_advantages(cfg, heldout, progress),
+          "probe": {key: (ws.done_record("prm") or {}).get("summary", {}).get(key) for key in PROBE_KEYS}}
 
 
 def markdown(result: dict) -> str:
@@ -85,6 +89,9 @@ def markdown(result: dict) -> str:
            f"{fit['mean_predicted']:.3f} against mean reward {fit['mean_reward']:.3f}.",
            f"Line through the numbers of steps and of ungrounded steps (least squares on the train "
            f"trajectories): held-out **R^2 {result['heldout_baseline_r2']:.3f}**.",
+           *([f"The estimator's head before fine-tuning (prm.head_init=probe, ridge penalty {probe['probe_l2']:g}): "
+              f"cross-validated R^2 {probe['probe_cv_r2']:.3f} on the train trajectories, held-out R^2 "
+              f"{probe['probe_heldout_r2']:.3f}."] if (probe := result["probe"])["probe_heldout_r2"] is not None else []),
            f"Number of ungrounded actions vs final reward, all exploration: Pearson "
            f"{result['ungrounded_reward_pearson']:.3f}; " + ", ".join(
                f"{k}: {n} trajectories, mean reward {r:.2f}" for k, (n, r) in result["reward_by_ungrounded"].items()),

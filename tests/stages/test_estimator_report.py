@@ -33,3 +33,6 @@ def test_estimator_report_recomputes_the_stage_figures(tmp_path_factory, tmp_pat
   # last steps are below 0 and the purchase's is above
   assert result["first_update"]["sparse"]["last_step_negative_share"] == pytest.approx(2 / 3)
   assert set(result["first_update"]) == {"spa", "sparse", "grounding_only"}
+  prm_summary = ws.done_record("prm")["summary"]
+  assert result["probe"]["probe_heldout_r2"] == prm_summary["probe_heldout_r2"]
+  assert f"held-out R^2 {prm_summary['probe_heldout_r2']:.3f}." in estimator_report.markdown(result)
