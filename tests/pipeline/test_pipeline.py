@@ -139,7 +139,7 @@ def test_force_reruns_a_current_stage_and_its_dependents(cfg):
 def test_failed_stage_leaves_no_done_record_and_is_retried(cfg):
   stages = FakeStages()
   run(cfg, stages)
-  cfg.prm.learning_rate = 1e-4
+  cfg.prm.learning_rate *= 2  # a config change: prm and its dependents are due again
   working_prm = stages["prm"]
 
   def broken(cfg, ws):
