@@ -6,6 +6,9 @@ read at the END of each agent action turn (the action's closing end-of-turn toke
 demonstration turns are outside the trajectories' action masks, so they carry no c_t. It is
 trained so that the per-step contributions of a trajectory sum to its final reward
 (`training.progress_loss`), full / LoRA(+head) per `prm.finetune`, in `prm.dtype` activations.
+With `prm.head_init=probe` the head starts from a linear probe of the SFT backbone (`probe_head`):
+from a zero head, fine-tuning first learns only the mean reward per step, and a short run ends
+with sums that count steps.
 
 Held-out split: `prm.holdout_fraction` of the exploration TASK ids (chosen by `seed`) are never
 trained on, so no task leaks; every epoch reports MSE and Pearson correlation of the predicted sums
