@@ -3,8 +3,9 @@
 Real presets follow the released estimator (§4): full backbone from the SFT policy, 1 epoch,
 global batch 16, Adam LR 3e-6 with a 500-step linear warmup, weight decay 0.01, clip 1.0, bf16,
 sequences up to 4,096 tokens. The head is a hidden-state `ScalarHead`, not the released
-Linear(vocab, 1) on logits (§7.13). The tiny preset trains faster (LR 1e-4) on little data. Unlike the released code, the head starts
-from a linear probe of the SFT backbone (`head_init`), not from zero.
+Linear(vocab, 1) on logits (§7.13). The tiny preset trains faster (LR 1e-4) on little data.
+Unlike the released code, the head starts from a linear probe of the SFT backbone (`head_init`), not
+from zero (bench/RESULTS.md, "a linear-probe head against a zero head").
 """
 
 import ml_collections
@@ -25,7 +26,7 @@ def prm_section(preset: str) -> ml_collections.ConfigDict:
       epochs=1 if real else 2,
       batch_size=16 if real else 8,  # trajectories per optimizer step (global)
       micro_batch_size=2 if real else 8,
-      # tiny: 1e-4 (1e-3 from the probed head undoes it in 6 steps: bench/RESULTS.md "probed head")
+      # tiny: 1e-4; at 1e-3 the first Adam steps move the small backbone far enough to undo the probed head
       learning_rate=3e-6 if real else 1e-4,
       warmup_steps=500 if real else 2,  # linear warmup, then constant
       weight_decay=0.01,
