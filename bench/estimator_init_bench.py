@@ -8,7 +8,8 @@ each fine-tuned at the given learning rate and epochs, on one workspace's explor
 Each variant `<head_init>:<learning rate>:<epochs>` runs the prm stage alone on its own copy of the
 workspace (the SFT policy, tokenizer and exploration hard-linked; the same held-out tasks, chosen by
 the workspace's seed) and reports: the probe's cross-validated R^2 on the train trajectories and its
-held-out R^2 before any fine-tuning (probe variants), then after fine-tuning the held-out R^2, the
+held-out R^2 before any fine-tuning (probe variants), then after fine-tuning the held-out R^2 (with
+its bootstrap interval over the held-out goals, `prm.r2_interval`), the
 held-out sums' Pearson correlation with the final reward and with the number of steps, the train
 R^2 and the stage's seconds, with the held-out R^2 of the line through the numbers of steps and of
 ungrounded steps (`prm.counting_baseline_r2`) as the floor. Appends the table to bench/RESULTS.md
@@ -78,20 +79,24 @@ def run_variant(workdir: pathlib.Path, base_cfg: ml_collections.ConfigDict, out:
   return {"head_init": head_init, "learning_rate": learning_rate, "epochs": epochs, "steps": summary["steps"],
           "seconds": time.time() - start, **{key: summary.get(key) for key in (
               "probe_cv_r2", "probe_heldout_r2", "heldout_r2", "heldout_pearson", "heldout_steps_pearson",
-              "train_r2", "heldout_baseline_r2", "train_trajectories", "heldout_trajectories")}}
+              "heldout_r2_ci95", "train_r2", "heldout_baseline_r2", "train_trajectories", "heldout_trajectories")}}
 
 
 def markdown(workdir: pathlib.Path, rows: list[dict]) -> str:
   def cell(value):
     return "" if value is None else f"{value:.3f}"
+
+  def interval(bounds):
+    return "" if bounds is None or None in bounds else f" [{bounds[0]:.2f}, {bounds[1]:.2f}]"
   first = rows[0]
   lines = [f"Workspace {workdir}: {first['train_trajectories']} train and {first['heldout_trajectories']} held-out "
            f"exploration trajectories; the line through the numbers of steps and of ungrounded steps reaches "
            f"held-out R^2 {cell(first['heldout_baseline_r2'])}.", "",
-           "| head | lr | epochs (steps) | probe CV R^2 | probe held-out R^2 | held-out R^2 | held-out Pearson "
+           "| head | lr | epochs (steps) | probe CV R^2 | probe held-out R^2 | held-out R^2 [95% CI] | held-out Pearson "
            "| Pearson with #steps | train R^2 | s |", "|---|---|---|---|---|---|---|---|---|---|"]
   lines += [f"| {r['head_init']} | {r['learning_rate']:g} | {r['epochs']} ({r['steps']}) | {cell(r['probe_cv_r2'])} "
-            f"| {cell(r['probe_heldout_r2'])} | {cell(r['heldout_r2'])} | {cell(r['heldout_pearson'])} "
+            f"| {cell(r['probe_heldout_r2'])} | {cell(r['heldout_r2'])}{interval(r['heldout_r2_ci95'])} "
+            f"| {cell(r['heldout_pearson'])} "
             f"| {cell(r['heldout_steps_pearson'])} | {cell(r['train_r2'])} | {r['seconds']:.0f} |" for r in rows]
   return "\n".join(lines)
 

@@ -7,8 +7,9 @@ update. Reads files only (no model is loaded, so it runs anywhere on a workspace
 Needs the workspace's exploration trajectories (trajectories/explore.p*.jsonl, with exact tokens),
 prm/split.json and label/labels.jsonl (the label stage's c_t per step of the held-out trajectories).
 Reports:
-- the estimator's held-out fit (`prm.fit_metrics`: MSE, R^2, Pearson correlation of the sums with the
-  final reward and with the number of steps), the held-out R^2 of the least-squares line through the
+- the estimator's held-out fit (`prm.fit_metrics`: MSE, R^2 with its bootstrap interval over the
+  held-out goals (`prm.r2_interval`), Pearson correlation of the sums with the final reward and with
+  the number of steps), the held-out R^2 of the least-squares line through the
   numbers of steps and of ungrounded steps fit on the train trajectories (`prm.counting_baseline_r2`),
   and, over all exploration trajectories, the Pearson correlation of the number of ungrounded actions
   with the final reward and the mean reward per count;
@@ -72,6 +73,7 @@ def report(ws: Workspace, cfg: ml_collections.ConfigDict, records: list[dict], t
   rewards = np.array([s.final_reward for s in sequences])
   return {"workdir": str(ws.root), "trajectories": len(sequences), "train": len(train), "heldout": len(heldout),
           "heldout_fit": prm.fit_metrics(heldout, progress),
+          "heldout_r2_ci95": prm.r2_interval(heldout, progress, seed=cfg.seed),
           "heldout_baseline_r2": prm.counting_baseline_r2(train, heldout),
           "ungrounded_reward_pearson": float(np.corrcoef(ungrounded, rewards)[0, 1]),
           "reward_by_ungrounded": {int(k): [int((ungrounded == k).sum()), float(rewards[ungrounded == k].mean())]
@@ -84,7 +86,8 @@ def markdown(result: dict) -> str:
   fit = result["heldout_fit"]
   lines = [f"Workspace {result['workdir']}: {result['trajectories']} exploration trajectories "
            f"({result['train']} train, {result['heldout']} held-out with labels).", "",
-           f"Estimator on the held-out ones: MSE {fit['mse']:.4f}, **R^2 {fit['r2']:.3f}**, Pearson with the "
+           f"Estimator on the held-out ones: MSE {fit['mse']:.4f}, **R^2 {fit['r2']:.3f}** (95% bootstrap interval "
+           f"over goals [{result['heldout_r2_ci95'][0]:.2f}, {result['heldout_r2_ci95'][1]:.2f}]), Pearson with the "
            f"final reward {fit['pearson']:.3f}, with the number of steps {fit['steps_pearson']:.3f}; mean sum "
            f"{fit['mean_predicted']:.3f} against mean reward {fit['mean_reward']:.3f}.",
            f"Line through the numbers of steps and of ungrounded steps (least squares on the train "

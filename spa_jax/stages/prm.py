@@ -278,6 +278,33 @@ def fit_metrics(sequences: list[TrajectorySequence], progress: dict[str, np.ndar
           "trajectories": len(sequences)}
 
 
+def r2_interval(sequences: list[TrajectorySequence], progress: dict[str, np.ndarray], *, seed: int,
+                resamples: int = 2000, level: float = 0.95) -> tuple[float, float]:
+  """Percentile bootstrap interval of `fit_metrics`' R^2 over goals: each resample draws the tasks
+  with replacement and keeps all their trajectories (rollouts of one goal are not independent).
+  (NaN, NaN) with fewer than two tasks or constant rewards."""
+  tasks = sorted({s.task_id for s in sequences})
+  if len(tasks) < 2:
+    return float("nan"), float("nan")
+  error_by_task = {t: [] for t in tasks}
+  reward_by_task = {t: [] for t in tasks}
+  for s in sequences:
+    error_by_task[s.task_id].append(float(progress[s.key].sum()) - s.final_reward)
+    reward_by_task[s.task_id].append(s.final_reward)
+  rng = np.random.default_rng([seed, 13])
+  r2s = []
+  for _ in range(resamples):
+    drawn = rng.choice(len(tasks), size=len(tasks))
+    errors = np.concatenate([error_by_task[tasks[i]] for i in drawn])
+    rewards = np.concatenate([reward_by_task[tasks[i]] for i in drawn])
+    if rewards.std() > 1e-12:
+      r2s.append(1.0 - float(np.mean(errors ** 2)) / float(rewards.var()))
+  if not r2s:
+    return float("nan"), float("nan")
+  low, high = np.quantile(r2s, [(1 - level) / 2, (1 + level) / 2])
+  return float(low), float(high)
+
+
 def counting_baseline_r2(train: list[TrajectorySequence], heldout: list[TrajectorySequence]) -> float:
   """R^2 on `heldout` of a least-squares line through the number of steps and the number of
   ungrounded steps, fit on `train`: what a predictor reading nothing but those two counts reaches, a
@@ -531,7 +558,7 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
 
   step_fn = make_progress_step(state, num_micro_batches=num_micro)
   metadata = {"fingerprint": run_fingerprint(cfg, "prm"), "total_steps": len(plan), "probe": probe}
-  fit = {}
+  fit, progress = {}, {}  # per part ("train", "heldout"): fit_metrics and the c_t they were computed from
   with ckpt, tracking.MetricsWriter(ws, "prm", cfg.tracking.tensorboard, append=resumed) as writer, \
       tracking.progress(len(plan), "prm", unit="step", enabled=cfg.tracking.progress) as bar:
     bar.update(int(state.step))
@@ -547,7 +574,8 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
       scalars = dict(metrics)
       if step + 1 == len(plan) or plan[step + 1][0] != epoch:  # end of an epoch
         for name, part in (("train", train), ("heldout", heldout)):
-          fit[name] = fit_metrics(part, estimate_progress(state, part, **forward))
+          progress[name] = estimate_progress(state, part, **forward)
+          fit[name] = fit_metrics(part, progress[name])
           scalars |= {f"{name}_{key}": value for key, value in fit[name].items() if key != "trajectories"}
         scalars["epoch"] = epoch + 1
         logging.info("prm epoch %d: train %s, held-out %s", epoch + 1, fit["train"], fit["heldout"])
@@ -558,8 +586,8 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
   model = state.model()
   outputs = save_estimator(ws, model, model_cfg) + [str(ws.stage_dir("prm") / SPLIT_FILE)]
   if not fit:  # resumed after the last step: recompute the final fit for the summary
-    fit = {name: fit_metrics(part, estimate_progress(state, part, **forward))
-           for name, part in (("train", train), ("heldout", heldout))}
+    progress = {name: estimate_progress(state, part, **forward) for name, part in (("train", train), ("heldout", heldout))}
+    fit = {name: fit_metrics(part, progress[name]) for name, part in (("train", train), ("heldout", heldout))}
   if cfg.tracking.plots:
     examples = example_trajectories(heldout or train, cfg.prm.plot_examples)
     examples_progress = estimate_progress(state, examples, **forward)  # collectives: every process runs it
@@ -572,6 +600,7 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
   warn_if_uninformative(fit["heldout"] if heldout else fit["train"], "held-out" if heldout else "train", baseline_r2)
   return {"steps": len(plan), "resumed": resumed, "train_trajectories": len(train), **probe,
           "heldout_baseline_r2": _json_number(baseline_r2),
+          "heldout_r2_ci95": [_json_number(x) for x in r2_interval(heldout, progress["heldout"], seed=cfg.seed)],
           "heldout_trajectories": len(heldout), "dropped": dropped, **spread,
           **{f"{name}_{key}": _json_number(value) for name, part in fit.items() for key, value in part.items()},
           "outputs": outputs}

@@ -36,3 +36,5 @@ def test_estimator_report_recomputes_the_stage_figures(tmp_path_factory, tmp_pat
   prm_summary = ws.done_record("prm")["summary"]
   assert result["probe"]["probe_heldout_r2"] == prm_summary["probe_heldout_r2"]
   assert f"held-out R^2 {prm_summary['probe_heldout_r2']:.3f}." in estimator_report.markdown(result)
+  # one held-out goal: no interval over goals, as in the prm stage's summary
+  assert math.isnan(result["heldout_r2_ci95"][0]) and prm_summary["heldout_r2_ci95"] == [None, None]

@@ -139,6 +139,7 @@ def test_prm_stage_reports_held_out_fit_and_exports_the_estimator(workspace):
   # the held-out rewards follow the number of ungrounded steps here: a zero-initialised head learns
   # only the mean reward per step in these few steps (R^2 about 0), the probed head the outcome
   assert summary["heldout_r2"] > 0.5
+  assert summary["heldout_r2_ci95"] == [None, None]  # one held-out goal: no interval over goals
   assert ws.plot_path("prm").exists() and ws.plot_path(prm.PROGRESS_PLOT).exists()
 
   # the exported estimator reproduces the reported held-out fit
@@ -215,3 +216,17 @@ def test_probed_head_sums_equal_the_probe_on_summed_features(workspace):
   assert np.mean((probed - rewards) ** 2) <= np.mean((counting - rewards) ** 2) + 1e-6
   assert prm.fit_metrics(heldout, prm.estimate_progress(state, heldout, **forward))["r2"] == pytest.approx(
       summary["probe_heldout_r2"], abs=1e-6)
+
+
+def test_r2_interval_resamples_whole_goals():
+  rng = np.random.default_rng(1)
+  sequences = [types.SimpleNamespace(key=f"{t}/{k}", task_id=t, num_steps=3, final_reward=float(rng.random() < 0.6))
+               for t in range(30) for k in range(4)]
+  exact = {s.key: np.full(3, s.final_reward / 3, np.float32) for s in sequences}
+  assert prm.r2_interval(sequences, exact, seed=0) == pytest.approx((1.0, 1.0))
+  noisy = {s.key: np.full(3, (s.final_reward + rng.normal(0, 0.4)) / 3, np.float32) for s in sequences}
+  low, high = prm.r2_interval(sequences, noisy, seed=0)
+  assert low < prm.fit_metrics(sequences, noisy)["r2"] < high and high - low > 0.05
+  assert prm.r2_interval(sequences, noisy, seed=0) == (low, high)  # seeded
+  one_goal = [s for s in sequences if s.task_id == 0]
+  assert all(np.isnan(prm.r2_interval(one_goal, noisy, seed=0)))
