@@ -393,9 +393,11 @@ def warn_if_uninformative(fit: dict[str, float], where: str, baseline_r2: float 
   logging.warning(
       "prm: on %s trajectories the progress estimator's sums fit the final reward with R^2 %.2f (Pearson %.2f; "
       "%.2f with the number of steps)%s. SPA's per-step rewards would carry little of the outcome, and where "
-      "every c_t is positive they pay the policy for longer episodes. Train it for more steps (prm.epochs, "
-      "prm.learning_rate) or on more and more varied exploration (explore.max_tasks, explore.samples_per_task, "
-      "goals the SFT policy still fails), and look at plots/prm_progress.png.",
+      "every c_t is positive they pay the policy for longer episodes. Start its head from the linear probe "
+      "(prm.head_init=probe) and compare the summary's probe_heldout_r2 (fine-tuning at too high a "
+      "prm.learning_rate can undo the probe; more prm.epochs can overfit), explore more and more varied goals "
+      "(explore.max_tasks, explore.samples_per_task, goals the SFT policy still fails), and look at "
+      "plots/prm_progress.png.",
       where, r2, fit["pearson"], fit["steps_pearson"], baseline)
   return True
 
