@@ -71,6 +71,7 @@ def report(ws: Workspace, cfg: ml_collections.ConfigDict, records: list[dict], t
   heldout = [s for s in sequences if s.key in progress]
   ungrounded = np.array([s.num_steps - sum(s.grounding) for s in sequences])
   rewards = np.array([s.final_reward for s in sequences])
+  prm_summary = (ws.done_record("prm") or {}).get("summary", {})
   return {"workdir": str(ws.root), "trajectories": len(sequences), "train": len(train), "heldout": len(heldout),
           "heldout_fit": prm.fit_metrics(heldout, progress),
           "heldout_r2_ci95": prm.r2_interval(heldout, progress, seed=cfg.seed),
@@ -79,7 +80,7 @@ def report(ws: Workspace, cfg: ml_collections.ConfigDict, records: list[dict], t
           "reward_by_ungrounded": {int(k): [int((ungrounded == k).sum()), float(rewards[ungrounded == k].mean())]
                                    for k in np.unique(ungrounded)},
           "first_update": first_update_advantages(cfg, heldout, progress),
-          "probe": {key: (ws.done_record("prm") or {}).get("summary", {}).get(key) for key in PROBE_KEYS}}
+          "probe": {key: prm_summary.get(key) for key in PROBE_KEYS}}
 
 
 def markdown(result: dict) -> str:

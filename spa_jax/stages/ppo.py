@@ -81,7 +81,7 @@ from spa_jax.training.ppo_targets import ppo_targets
 from spa_jax.training.rewards import step_rewards
 from spa_jax.training.steps import (PPOConfig, PPOState, forward_logprobs, forward_step_values,
                                     lora_reference, make_ppo_step)
-from spa_jax.training.train_state import TrainState, abstract_train_state, create_train_state
+from spa_jax.training.train_state import TrainState, abstract_train_state, create_train_state, frozen_train_state
 from spa_jax.workspace import Workspace
 
 ROLLOUT_METRICS = ("score", "success_rate", "purchase_rate", "grounding", "mean_steps", "generated_tokens")
@@ -155,7 +155,7 @@ def abstract_state(cfg: ml_collections.ConfigDict, model_cfg: LlamaConfig, tx: O
 def frozen_sft(cfg: ml_collections.ConfigDict, ws: Workspace, mesh) -> TrainState:
   """The SFT policy as a never-updated train state: the reference of full fine-tuning."""
   _, model = prm.load_backbone(cfg, common.policy_dir(ws, "sft"), mesh, cfg.model.dtype)
-  return create_train_state(model, optax.set_to_zero(), trainable="full")
+  return frozen_train_state(model)
 
 
 def sampling_model(policy: TrainState) -> Llama:

@@ -31,7 +31,6 @@ import jax
 import matplotlib.pyplot as plt
 import ml_collections
 import numpy as np
-import optax
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
@@ -48,7 +47,7 @@ from spa_jax.training.checkpoint import Checkpointer
 from spa_jax.training.global_batch import to_global_batch
 from spa_jax.training.optim import OptimizerConfig, make_optimizer
 from spa_jax.training.steps import forward_step_features, forward_step_values, make_progress_step
-from spa_jax.training.train_state import TrainState, abstract_train_state, create_train_state
+from spa_jax.training.train_state import TrainState, abstract_train_state, create_train_state, frozen_train_state
 from spa_jax.workspace import Workspace, write_json_atomic
 
 EXPLORE = "explore"
@@ -330,10 +329,15 @@ class LinearProbe:
   cv_r2: float  # R^2 of the sums under task-grouped cross-validation at that penalty (NaN: no CV)
 
 
-def _ridge(features_nd: np.ndarray, steps_n: np.ndarray, rewards_n: np.ndarray, l2: float) -> np.ndarray:
-  """argmin_(w, b) |R - F w - T b|^2 / N + l2 * s * |w|^2, s = the mean of diag(F^T F) / N (so that
-  `l2` does not depend on the features' scale); the step term b is not penalised. Returns (w, b)."""
-  x_nk = np.concatenate([features_nd, steps_n[:, None]], axis=1)
+def _design(features_nd: np.ndarray, steps_n: np.ndarray) -> np.ndarray:
+  """[F, T]: the summed step features and the number of steps, whose coefficients are (kernel, bias)."""
+  return np.concatenate([features_nd, steps_n[:, None]], axis=1)
+
+
+def _ridge(x_nk: np.ndarray, rewards_n: np.ndarray, l2: float) -> np.ndarray:
+  """argmin_(w, b) |R - F w - T b|^2 / N + l2 * s * |w|^2 over the `_design` matrix [F, T], s = the mean
+  of diag(F^T F) / N (so that `l2` does not depend on the features' scale); the step term b is not
+  penalised. Returns (w, b)."""
   gram_kk = x_nk.T @ x_nk / len(x_nk)
   scale = float(np.mean(np.diag(gram_kk)[:-1])) or 1.0
   penalty_k = np.full(x_nk.shape[1], l2 * scale)
@@ -352,17 +356,17 @@ def fit_linear_probe(features_nd: np.ndarray, steps_n: np.ndarray, rewards_n: np
   tasks = np.random.default_rng([seed, 11]).permutation(np.unique(groups_n))
   fold_of_task = {task: i % folds for i, task in enumerate(tasks)}
   fold_n = np.array([fold_of_task[g] for g in groups_n])
+  x_nk = _design(features_nd, steps_n)
   cv_mse = {}
   if len(tasks) >= 2 and np.std(rewards_n) > 1e-12:
     for l2 in l2_grid:
       errors = np.empty_like(rewards_n)
       for fold in np.unique(fold_n):
         held, kept = fold_n == fold, fold_n != fold
-        coef = _ridge(features_nd[kept], steps_n[kept], rewards_n[kept], l2)
-        errors[held] = rewards_n[held] - np.concatenate([features_nd[held], steps_n[held, None]], axis=1) @ coef
+        errors[held] = rewards_n[held] - x_nk[held] @ _ridge(x_nk[kept], rewards_n[kept], l2)
       cv_mse[l2] = float(np.mean(errors ** 2))
   l2 = min(cv_mse, key=cv_mse.get) if cv_mse else l2_grid[len(l2_grid) // 2]
-  coef = _ridge(features_nd, steps_n, rewards_n, l2)
+  coef = _ridge(x_nk, rewards_n, l2)
   cv_r2 = 1.0 - cv_mse[l2] / float(np.var(rewards_n)) if cv_mse else float("nan")
   return LinearProbe(kernel=coef[:-1], bias=float(coef[-1]), l2=l2, cv_r2=cv_r2)
 
@@ -370,8 +374,7 @@ def fit_linear_probe(features_nd: np.ndarray, steps_n: np.ndarray, rewards_n: np
 def probe_head(model: ValueModel, train: list[TrajectorySequence], forward: dict, seed: int) -> LinearProbe:
   """Fits `fit_linear_probe` on `train`'s features under `model`'s backbone and sets its head to it
   (every process computes the same probe from all-gathered features)."""
-  frozen = create_train_state(model, optax.set_to_zero(), trainable="full")
-  features_nd = step_features(frozen, train, **forward)
+  features_nd = step_features(frozen_train_state(model), train, **forward)
   probe = fit_linear_probe(features_nd, np.array([s.num_steps for s in train], np.float64),
                            np.array([s.final_reward for s in train], np.float64),
                            np.array([s.task_id for s in train]), seed=seed)
@@ -454,7 +457,7 @@ def load_estimator(cfg: ml_collections.ConfigDict, ws: Workspace, mesh) -> Train
   model.head.kernel[...] = head["kernel"]
   model.head.bias[...] = head["bias"]
   shard_model(model, mesh)
-  return create_train_state(model, optax.set_to_zero(), trainable="full")
+  return frozen_train_state(model)
 
 
 # ----------------------------------------------------------------------------- training
@@ -511,8 +514,7 @@ def initial_head(cfg: ml_collections.ConfigDict, model: ValueModel, train: list[
   probe = probe_head(model, train, forward, cfg.seed)
   summary = {"probe_l2": probe.l2, "probe_cv_r2": _json_number(probe.cv_r2)}
   if heldout:
-    frozen = create_train_state(model, optax.set_to_zero(), trainable="full")
-    fit = fit_metrics(heldout, estimate_progress(frozen, heldout, **forward))
+    fit = fit_metrics(heldout, estimate_progress(frozen_train_state(model), heldout, **forward))
     summary |= {"probe_heldout_r2": _json_number(fit["r2"]), "probe_heldout_pearson": _json_number(fit["pearson"])}
   logging.info("prm: linear probe of the SFT features (l2 %g): %s", probe.l2, summary)
   return summary
@@ -560,7 +562,14 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
 
   step_fn = make_progress_step(state, num_micro_batches=num_micro)
   metadata = {"fingerprint": run_fingerprint(cfg, "prm"), "total_steps": len(plan), "probe": probe}
-  fit, progress = {}, {}  # per part ("train", "heldout"): fit_metrics and the c_t they were computed from
+  parts = {"train": train, "heldout": heldout}
+
+  def measure(state) -> tuple[dict, dict]:
+    """Per part: the estimator's c_t, and their fit_metrics."""
+    progress = {name: estimate_progress(state, part, **forward) for name, part in parts.items()}
+    return progress, {name: fit_metrics(part, progress[name]) for name, part in parts.items()}
+
+  progress, fit = {}, {}
   with ckpt, tracking.MetricsWriter(ws, "prm", cfg.tracking.tensorboard, append=resumed) as writer, \
       tracking.progress(len(plan), "prm", unit="step", enabled=cfg.tracking.progress) as bar:
     bar.update(int(state.step))
@@ -575,10 +584,9 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
       bar.set_postfix(loss=f"{float(metrics['progress_loss']):.4f}")
       scalars = dict(metrics)
       if step + 1 == len(plan) or plan[step + 1][0] != epoch:  # end of an epoch
-        for name, part in (("train", train), ("heldout", heldout)):
-          progress[name] = estimate_progress(state, part, **forward)
-          fit[name] = fit_metrics(part, progress[name])
-          scalars |= {f"{name}_{key}": value for key, value in fit[name].items() if key != "trajectories"}
+        progress, fit = measure(state)
+        scalars |= {f"{name}_{key}": value for name in parts for key, value in fit[name].items()
+                    if key != "trajectories"}
         scalars["epoch"] = epoch + 1
         logging.info("prm epoch %d: train %s, held-out %s", epoch + 1, fit["train"], fit["heldout"])
       if (step + 1) % cfg.tracking.log_every == 0 or "epoch" in scalars:
@@ -588,8 +596,7 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
   model = state.model()
   outputs = save_estimator(ws, model, model_cfg) + [str(ws.stage_dir("prm") / SPLIT_FILE)]
   if not fit:  # resumed after the last step: recompute the final fit for the summary
-    progress = {name: estimate_progress(state, part, **forward) for name, part in (("train", train), ("heldout", heldout))}
-    fit = {name: fit_metrics(part, progress[name]) for name, part in (("train", train), ("heldout", heldout))}
+    progress, fit = measure(state)
   if cfg.tracking.plots:
     examples = example_trajectories(heldout or train, cfg.prm.plot_examples)
     examples_progress = estimate_progress(state, examples, **forward)  # collectives: every process runs it

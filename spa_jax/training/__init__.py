@@ -19,12 +19,12 @@ from spa_jax.training.steps import (PPOConfig, PPOState, forward_logprobs, forwa
                                     make_sft_step)
 from spa_jax.training.sum_count import SumCount
 from spa_jax.training.train_state import (TrainState, abstract_train_state, count_params,
-                                          create_train_state)
+                                          create_train_state, frozen_train_state)
 
 __all__ = [
     "AdaptiveKLController", "Checkpointer", "FixedKLController", "OptimizerConfig", "PPOConfig",
     "PPOState", "REWARD_MODES", "SumCount", "TrainState", "abstract_like", "abstract_train_state",
-    "check_has_agent_tokens", "config_hash", "count_params", "create_train_state",
+    "check_has_agent_tokens", "config_hash", "count_params", "create_train_state", "frozen_train_state",
     "forward_logprobs", "forward_step_values", "gae_over_steps", "kl_shaped_rewards",
     "learning_rate_schedule", "lora_reference", "make_kl_controller", "make_optimizer",
     "make_ppo_step", "make_progress_step", "make_sft_step", "make_trajectory_batch",

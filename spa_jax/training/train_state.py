@@ -87,6 +87,12 @@ def create_train_state(model: nnx.Module, tx: optax.GradientTransformation, *,
                     step=jnp.zeros((), jnp.int32), rng=jax.random.PRNGKey(seed))
 
 
+def frozen_train_state(model: nnx.Module) -> TrainState:
+  """`model` as a train state that is never updated (every parameter held, no optimizer moments):
+  for forward passes such as the reference policy or the progress estimator."""
+  return create_train_state(model, optax.set_to_zero(), trainable="full")
+
+
 def abstract_train_state(model_fn: Callable[[], nnx.Module], tx: optax.GradientTransformation, *,
                          trainable: str, mesh: Mesh) -> TrainState:
   """The train state `create_train_state(model_fn(), tx, trainable=...)` would give on `mesh`, as

@@ -201,7 +201,7 @@ def test_probed_head_sums_equal_the_probe_on_summed_features(workspace):
   model = prm._estimator_module(backbone, cfg, cfg.seed)
   summary = prm.initial_head(cfg, model, train, heldout, forward)
   assert set(summary) == {"probe_l2", "probe_cv_r2", "probe_heldout_r2", "probe_heldout_pearson"}
-  state = prm.create_train_state(model, prm.optax.set_to_zero(), trainable="full")
+  state = prm.frozen_train_state(model)
   features = prm.step_features(state, train, **forward)
   steps = np.array([s.num_steps for s in train], float)
   kernel, bias = np.asarray(model.head.kernel[...], float), float(model.head.bias[...])
