@@ -11,7 +11,8 @@ the workspace's seed) and reports: the probe's cross-validated R^2 on the train 
 held-out R^2 before any fine-tuning (probe variants), then after fine-tuning the held-out R^2 (with
 its bootstrap interval over the held-out goals, `prm.r2_interval`), the
 held-out sums' Pearson correlation with the final reward and with the number of steps, the train
-R^2 and the stage's seconds, with the held-out R^2 of the line through the numbers of steps and of
+R^2, the epoch the stage kept by validation MSE (0: the initial head; the workspace's
+`prm.validation_fraction` applies, 0 keeps the last epoch) and the stage's seconds, with the held-out R^2 of the line through the numbers of steps and of
 ungrounded steps (`prm.counting_baseline_r2`) as the floor. Appends the table to bench/RESULTS.md
 unless --no-results; prints one JSON line.
 """
@@ -79,7 +80,8 @@ def run_variant(workdir: pathlib.Path, base_cfg: ml_collections.ConfigDict, out:
   return {"head_init": head_init, "learning_rate": learning_rate, "epochs": epochs, "steps": summary["steps"],
           "seconds": time.time() - start, **{key: summary.get(key) for key in (
               "probe_cv_r2", "probe_heldout_r2", "heldout_r2", "heldout_pearson", "heldout_steps_pearson",
-              "heldout_r2_ci95", "train_r2", "heldout_baseline_r2", "train_trajectories", "heldout_trajectories")}}
+              "heldout_r2_ci95", "train_r2", "heldout_baseline_r2", "train_trajectories", "heldout_trajectories",
+              "kept_epoch")}}
 
 
 def markdown(workdir: pathlib.Path, rows: list[dict]) -> str:
@@ -93,11 +95,12 @@ def markdown(workdir: pathlib.Path, rows: list[dict]) -> str:
            f"exploration trajectories; the line through the numbers of steps and of ungrounded steps reaches "
            f"held-out R^2 {cell(first['heldout_baseline_r2'])}.", "",
            "| head | lr | epochs (steps) | probe CV R^2 | probe held-out R^2 | held-out R^2 [95% CI] | held-out Pearson "
-           "| Pearson with #steps | train R^2 | s |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "| Pearson with #steps | train R^2 | kept epoch | s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
   lines += [f"| {r['head_init']} | {r['learning_rate']:g} | {r['epochs']} ({r['steps']}) | {cell(r['probe_cv_r2'])} "
             f"| {cell(r['probe_heldout_r2'])} | {cell(r['heldout_r2'])}{interval(r['heldout_r2_ci95'])} "
             f"| {cell(r['heldout_pearson'])} "
-            f"| {cell(r['heldout_steps_pearson'])} | {cell(r['train_r2'])} | {r['seconds']:.0f} |" for r in rows]
+            f"| {cell(r['heldout_steps_pearson'])} | {cell(r['train_r2'])} | {r['kept_epoch']} | {r['seconds']:.0f} |"
+            for r in rows]
   return "\n".join(lines)
 
 
@@ -113,7 +116,7 @@ def main() -> None:
     raise SystemExit(f"{workdir}: the explore stage has not finished; run the pipeline to it first "
                      f"(python -m spa_jax.main --workdir={workdir} --config.run.targets=explore ...)")
   out = pathlib.Path(args.out) if args.out else workdir.with_name(workdir.name + "_init_bench")
-  cfg = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
+  cfg = configuration.workspace_config(workdir)
   rows = [run_variant(workdir, cfg, out, *variant) for variant in parse_variants(args.variants)]
   table = markdown(workdir, rows)
   print(table, file=sys.stderr)

@@ -30,6 +30,7 @@ import ml_collections
 import numpy as np
 
 from results_log import append_section
+from spa_jax import configuration
 from spa_jax.rollout.trajectory_store import read_trajectories
 from spa_jax.stages import common, label, ppo, prm
 from spa_jax.training import ppo_targets
@@ -117,7 +118,7 @@ def main() -> None:
   if missing:
     raise SystemExit(f"{workdir}: no {', '.join(missing)}; run the pipeline to the label stage first "
                      f"(python -m spa_jax.main --workdir={workdir} --config.run.targets=label ...)")
-  cfg = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
+  cfg = configuration.workspace_config(workdir)
   ws = Workspace(workdir)
   records = read_trajectories(ws, prm.EXPLORE)
   exact = all(r["tokens"] is not None for r in records)

@@ -53,7 +53,7 @@ CURVES = ("success_rate", "score")  # train-rollout metrics of each PPO iteratio
 EVAL_CURVES = tuple(f"eval_{metric}" for metric in CURVES)  # held-out (ppo.eval_every) metrics
 METRICS = ("score", "success_rate", "purchase_rate", "grounding", "mean_steps")
 ESTIMATOR = ("heldout_mse", "heldout_r2", "heldout_pearson", "heldout_steps_pearson", "heldout_baseline_r2",
-             "train_mse", "train_pearson", "probe_cv_r2", "probe_heldout_r2")
+             "train_mse", "train_pearson", "probe_cv_r2", "probe_heldout_r2", "kept_epoch")
 # --quick: the same chain, about a third of the work (fewer tasks, rollouts and PPO iterations).
 # Its 8 rollouts come as mini-batches of 2 x accumulation 4 (the tiny default's 6 x 1 does not divide 8).
 QUICK = {"explore.max_tasks": 8, "ppo.iterations": 2, "ppo.rollouts_per_iteration": 8, "ppo.mini_batch_size": 2,
@@ -167,23 +167,25 @@ def confidence_interval(values: list[float], level: float = 0.95) -> tuple[float
 
 
 def paired_difference(seeds: list[dict], a: str, b: str) -> dict[str, dict]:
-  """Per-seed a - b (score and success rate) with mean and 95% CI, over seeds that evaluated both."""
+  """Per-seed a - b (score and success rate) over seeds that evaluated both: mean and 95% CI, and the
+  median and the number of seeds where a is above b (one collapsed seed can carry the mean and the
+  CI alone; these two say whether it does)."""
   both = [s for s in seeds if a in s["policies"] and b in s["policies"]]
   out = {}
   for metric in ("score", "success_rate"):
     diffs = [s["policies"][a][metric] - s["policies"][b][metric] for s in both]
     out[metric] = {"per_seed": diffs, "mean": float(np.mean(diffs)) if diffs else float("nan"),
-                   "ci95": confidence_interval(diffs)}
+                   "ci95": confidence_interval(diffs), "median": float(np.median(diffs)) if diffs else float("nan"),
+                   "above": sum(d > 0 for d in diffs)}
   return out
 
 
 def reference(workdir: pathlib.Path) -> dict[str, dict[str, float]]:
   """Expert and first-result policy on the workspace's eval goals (bench/reference_policies.py)."""
-  import ml_collections
-
   from reference_policies import reference_rows
+  from spa_jax import configuration
   from spa_jax.stages import common
-  cfg = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
+  cfg = configuration.workspace_config(workdir)
   tasks = common.split_tasks(cfg, cfg.env.eval_split, cfg.eval.max_tasks)
   return reference_rows(common.load_catalogue(cfg), tasks, **common.env_kwargs(cfg))
 
@@ -284,7 +286,8 @@ def markdown(seeds: list[dict], summary: dict) -> str:
   for mode, diff in summary.get("minus_sparse", {}).items():
     lines += [""] + [f"Paired {mode} - sparse, {metric}: mean {d['mean']:+.1f}, 95% CI "
                      + (f"[{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]" if np.isfinite(d["ci95"][0]) else "n/a (one seed)")
-                     + f", per seed {', '.join(f'{x:+.1f}' for x in d['per_seed'])}"
+                     + f", per seed {', '.join(f'{x:+.1f}' for x in d['per_seed'])}; median {d['median']:+.1f}, "
+                     f"above sparse on {d['above']} of {len(d['per_seed'])} seeds"
                      for metric, d in diff.items()]
   if reach := summary.get("spa_reaches_sparse_final"):
     lines += ["", "SPA's held-out success rate reaches sparse's final one (greedy, ppo.eval_every): " + "; ".join(
@@ -305,8 +308,10 @@ def markdown(seeds: list[dict], summary: dict) -> str:
               f"train MSE {est['train_mse'][0]:.4f}, Pearson {est['train_pearson'][0]:.3f}"
               + (f"; its head's linear probe before fine-tuning (prm.head_init=probe): cross-validated R² "
                  f"{est['probe_cv_r2'][0]:.3f}, held-out R² {est['probe_heldout_r2'][0]:.3f}"
-                 if np.isfinite(est["probe_heldout_r2"][0]) else ""),
-              "", "Per-step progress plots: " + ", ".join(s["progress_plot"] for s in seeds)]
+                 if np.isfinite(est["probe_heldout_r2"][0]) else "")
+              + (f"; the epoch kept by validation MSE (0: the initial head) {est['kept_epoch'][0]:.1f} on average"
+                 if np.isfinite(est["kept_epoch"][0]) else ""),
+              "", "Per-step progress plots: " + ", ".join(dict.fromkeys(s["progress_plot"] for s in seeds))]
   lines += ["", "SFT per seed: " + "; ".join(
       f"seed {s['seed']}: {s['sft']['steps']} steps in {s['sft']['seconds']:.0f} s, last loss {s['sft']['final_loss']:.3f}"
       for s in seeds)]

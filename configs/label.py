@@ -12,6 +12,9 @@ def label_section() -> ml_collections.ConfigDict:
       # final reward's 1, ten valid steps without a purchase earn more than a perfect purchase: only
       # the KL penalty keeps a policy from stalling (bench/RESULTS.md, 2026-12-06).
       grounding_coef=0.5,
+      # "bonus": + beta for a valid step (the paper's beta * g_t); "penalty": - beta for an invalid one
+      # and nothing for a valid one (the same per-step preference, no payment for longer episodes)
+      grounding_form="bonus",
   ))
 
 

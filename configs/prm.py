@@ -5,7 +5,9 @@ global batch 16, Adam LR 3e-6 with a 500-step linear warmup, weight decay 0.01, 
 sequences up to 4,096 tokens. The head is a hidden-state `ScalarHead`, not the released
 Linear(vocab, 1) on logits (§7.13). The tiny preset trains faster (LR 1e-4) on little data.
 Unlike the released code, the head starts from a linear probe of the SFT backbone (`head_init`), not
-from zero (bench/RESULTS.md, "a linear-probe head against a zero head").
+from zero (bench/RESULTS.md, "a linear-probe head against a zero head"), and the stage keeps the
+epoch (the probe included) that fits validation tasks best (`validation_fraction`): full fine-tuning
+can undo the probe (bench/RESULTS.md, "probed estimator, critic warm-up, 5 PPO seeds").
 """
 
 import ml_collections
@@ -36,6 +38,9 @@ def prm_section(preset: str) -> ml_collections.ConfigDict:
       # Tasks held out (never trained on) to report estimator MSE / correlation out of sample; the
       # label stage labels only these trajectories for offline PPO.
       holdout_fraction=0.1 if real else 0.25,
+      # Of the other tasks, those kept apart to choose the estimator: the stage ships the one with the
+      # lowest MSE on them among the initial head (epoch 0) and every epoch's end. 0: the last epoch's.
+      validation_fraction=0.1 if real else 0.2,
       checkpoint_every=200 if real else 10,  # optimizer steps between Orbax checkpoints
       keep_checkpoints=2,
       plot_examples=4,  # held-out trajectories in plots/prm_progress.png

@@ -1,6 +1,7 @@
 """Loading the stage configs in `configs/` and validating a config before any work starts."""
 
 import importlib.util
+import json
 import pathlib
 from types import ModuleType
 from typing import Any, Callable
@@ -13,6 +14,7 @@ CONFIGS_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
 STAGES = ("sft", "explore", "prm", "label", "ppo", "eval", "export")
 # Reward modes of the ppo stage (spa_jax.training.rewards.REWARD_MODES); mode m trains policy "ppo_<m>".
 REWARD_MODES = ("spa", "sparse", "grounding_only")
+GROUNDING_FORMS = ("bonus", "penalty")  # spa_jax.training.rewards.GROUNDING_FORMS
 PPO_MODES = ("online", "offline")  # ppo.mode: fresh rollouts per iteration | the labelled exploration set
 CRITIC_INITS = ("sft", "prm")  # ppo.critic_init: the critic's backbone (SFT policy | progress estimator)
 SFT_SCHEDULES = ("cosine", "constant")  # sft.schedule: warmup + cosine decay | warmup + constant
@@ -56,6 +58,19 @@ def load_config(stage: str, preset: str = "tiny") -> ml_collections.ConfigDict:
   if not (CONFIGS_DIR / f"{stage}.py").exists():
     raise ValueError(f"No config file configs/{stage}.py; stages are {STAGES}.")
   return load_sibling(str(CONFIGS_DIR / "base.py"), stage).get_config(preset)
+
+
+def workspace_config(workdir) -> ml_collections.ConfigDict:
+  """A finished workspace's config.json laid over the current defaults of its preset (every stage's
+  section, as `configs/export.py` has them), so that tools reading workspaces written before a field
+  existed see that field's default."""
+  saved = json.loads((pathlib.Path(workdir) / "config.json").read_text())
+  cfg = load_config("export", saved.get("preset", "tiny")).to_dict()
+
+  def overlay(defaults: dict, values: dict) -> dict:
+    return defaults | {key: overlay(defaults[key], value) if isinstance(value, dict) and isinstance(
+        defaults.get(key), dict) else value for key, value in values.items()}
+  return ml_collections.ConfigDict(overlay(cfg, saved))
 
 
 def split_names(csv: str) -> list[str]:
@@ -269,8 +284,10 @@ def _sft_explore_prm_errors(errors: list[str], cfg) -> None:
   _at_least(errors, cfg, "explore.samples_per_task", 1)
   _choice(errors, cfg, "prm.dtype", ("", *DTYPES))  # "": model.dtype
   _check(errors, cfg, "prm.holdout_fraction", lambda v: 0 <= v < 1, "in [0, 1)")
+  _check(errors, cfg, "prm.validation_fraction", lambda v: 0 <= v < 1, "in [0, 1)")
   _at_least(errors, cfg, "prm.warmup_steps", 0)
   _at_least(errors, cfg, "prm.plot_examples", 1)
+  _choice(errors, cfg, "label.grounding_form", GROUNDING_FORMS)
 
 
 def _ppo_errors(errors: list[str], cfg) -> None:

@@ -30,24 +30,24 @@ LABELS_FILE = "labels.jsonl"
 
 
 def spa_rewards(sequence: prm.TrajectorySequence, progress_s: np.ndarray, *, alpha: float,
-                beta: float) -> np.ndarray:
-  """r_t = alpha * c_t + beta * g_t for each step of one trajectory."""
+                beta: float, grounding_form: str = "bonus") -> np.ndarray:
+  """r_t = alpha * c_t + beta * g_t ("penalty": beta * (g_t - 1)) for each step of one trajectory."""
   num_steps = sequence.num_steps
   rewards_bs = step_rewards("spa", progress_bs=jnp.asarray(progress_s, jnp.float32)[None],
                             grounding_bs=jnp.asarray(sequence.grounding, jnp.float32)[None],
                             step_mask_bs=jnp.ones((1, num_steps), jnp.float32),
                             final_reward_b=jnp.asarray([sequence.final_reward], jnp.float32),
-                            alpha=alpha, beta=beta)
+                            alpha=alpha, beta=beta, grounding_form=grounding_form)
   return np.asarray(rewards_bs[0])
 
 
 def label_sequences(sequences: list[prm.TrajectorySequence], progress: dict[str, np.ndarray], *,
-                    alpha: float, beta: float) -> list[dict]:
+                    alpha: float, beta: float, grounding_form: str = "bonus") -> list[dict]:
   """The flat per-step label rows of `sequences` given the estimator's c_t (`prm.estimate_progress`)."""
   rows = []
   for sequence in sequences:
     progress_s = progress[sequence.key]
-    rewards_s = spa_rewards(sequence, progress_s, alpha=alpha, beta=beta)
+    rewards_s = spa_rewards(sequence, progress_s, alpha=alpha, beta=beta, grounding_form=grounding_form)
     for step in range(sequence.num_steps):
       rows.append({"trajectory": sequence.key, "task_id": sequence.task_id, "rollout": sequence.rollout,
                    "step": step, "progress": float(progress_s[step]), "grounding": sequence.grounding[step],
@@ -84,7 +84,8 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
   sequences, dropped = prm.load_sequences(records, tokenizer, cfg.prm.max_len)
   estimator = prm.load_estimator(cfg, ws, mesh)
   progress = prm.estimate_progress(estimator, sequences, **prm.estimator_forward(cfg, tokenizer, mesh))
-  rows = label_sequences(sequences, progress, alpha=cfg.label.progress_coef, beta=cfg.label.grounding_coef)
+  rows = label_sequences(sequences, progress, alpha=cfg.label.progress_coef, beta=cfg.label.grounding_coef,
+                         grounding_form=cfg.label.grounding_form)
   if distributed.is_main_process():
     with open(labels_path(ws), "w") as f:
       f.writelines(json.dumps(row) + "\n" for row in rows)

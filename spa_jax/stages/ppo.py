@@ -289,7 +289,8 @@ def reward_batch(cfg: ml_collections.ConfigDict, mode: str, sequences, progress,
   rewards_bs = step_rewards(mode, progress_bs=jnp.asarray(progress_bs), grounding_bs=jnp.asarray(batch["grounding_bs"]),
                             step_mask_bs=jnp.asarray(batch["step_mask_bs"]),
                             final_reward_b=jnp.asarray(batch["final_reward_b"]),
-                            alpha=cfg.label.progress_coef, beta=cfg.label.grounding_coef)
+                            alpha=cfg.label.progress_coef, beta=cfg.label.grounding_coef,
+                            grounding_form=cfg.label.grounding_form)
   return batch | {"task_rewards_bs": np.asarray(rewards_bs), "sampler_logp_bt": sampler_logp_bt}
 
 

@@ -15,8 +15,13 @@ trained on, so no task leaks; every epoch reports MSE and Pearson correlation of
 against the final rewards on the held-out and the train trajectories. The label stage labels the
 held-out trajectories only (out of sample), and PPO applies the frozen estimator to fresh rollouts.
 
+Selection: `prm.validation_fraction` of the remaining tasks are not trained on either; the stage
+keeps the estimator with the lowest MSE on them among its initial head (epoch 0: the probe) and
+every epoch's end, so fine-tuning that undoes the probe does not ship (the held-out tasks play no
+part in the choice, so their figures stay out of sample).
+
 Writes prm/estimator/ (HF directory of the backbone, LoRA merged, plus head.safetensors),
-prm/split.json (train / held-out task ids), checkpoints/prm/<config hash>/, metrics/prm.jsonl,
+prm/split.json (train / validation / held-out task ids), checkpoints/prm/<config hash>/, metrics/prm.jsonl,
 plots/prm.png (metrics) and plots/prm_progress.png (per-step progress of held-out examples).
 """
 
@@ -148,14 +153,15 @@ def load_sequences(records: list[dict], tokenizer, max_len: int) -> tuple[list[T
                 "too_long": sum(s.num_steps > 0 and len(s.tokens) > max_len for s in sequences)}
 
 
-def holdout_split(task_ids: list[int], fraction: float, seed: int) -> tuple[list[int], list[int]]:
+def holdout_split(task_ids: list[int], fraction: float, seed: int, stream: int = 7) -> tuple[list[int], list[int]]:
   """(train, held-out) task ids: ceil(fraction * #tasks) random tasks held out (at least one task
-  on each side when fraction > 0 and there are two or more tasks)."""
+  on each side when fraction > 0 and there are two or more tasks); `stream` names an independent
+  draw for the same seed (the validation split inside the train tasks)."""
   tasks = sorted(set(task_ids))
   if fraction <= 0 or len(tasks) < 2:
     return tasks, []
   count = min(len(tasks) - 1, max(1, math.ceil(fraction * len(tasks))))
-  held = set(np.random.default_rng([seed, 7]).permutation(tasks)[:count].tolist())
+  held = set(np.random.default_rng([seed, stream]).permutation(tasks)[:count].tolist())
   return [t for t in tasks if t not in held], [t for t in tasks if t in held]
 
 
@@ -397,8 +403,9 @@ def warn_if_uninformative(fit: dict[str, float], where: str, baseline_r2: float 
       "prm: on %s trajectories the progress estimator's sums fit the final reward with R^2 %.2f (Pearson %.2f; "
       "%.2f with the number of steps)%s. SPA's per-step rewards would carry little of the outcome, and where "
       "every c_t is positive they pay the policy for longer episodes. Start its head from the linear probe "
-      "(prm.head_init=probe) and compare the summary's probe_heldout_r2 (fine-tuning at too high a "
-      "prm.learning_rate can undo the probe; more prm.epochs can overfit), explore more and more varied goals "
+      "(prm.head_init=probe) and keep validation goals to choose among it and the epochs (prm.validation_fraction; "
+      "the summary's kept_epoch and probe_heldout_r2 say what was kept and what the probe reached: fine-tuning at "
+      "too high a prm.learning_rate undoes the probe), explore more and more varied goals "
       "(explore.max_tasks, explore.samples_per_task, goals the SFT policy still fails), and look at "
       "plots/prm_progress.png.",
       where, r2, fit["pearson"], fit["steps_pearson"], baseline)
@@ -488,12 +495,14 @@ def checkpointer(cfg: ml_collections.ConfigDict, ws: Workspace) -> Checkpointer:
   return Checkpointer(current, save_every=cfg.prm.checkpoint_every, keep=cfg.prm.keep_checkpoints)
 
 
-def _split_sequences(cfg, ws, sequences):
-  train_ids, heldout_ids = holdout_split([s.task_id for s in sequences], cfg.prm.holdout_fraction, cfg.seed)
+def _split_sequences(cfg, ws, sequences) -> dict[str, list[TrajectorySequence]]:
+  """{"train", "validation", "heldout"}: sequences of disjoint task sets (prm/split.json)."""
+  rest_ids, heldout_ids = holdout_split([s.task_id for s in sequences], cfg.prm.holdout_fraction, cfg.seed)
+  train_ids, validation_ids = holdout_split(rest_ids, cfg.prm.validation_fraction, cfg.seed, stream=11)
+  ids = {"train": train_ids, "validation": validation_ids, "heldout": heldout_ids}
   if distributed.is_main_process():
-    write_json_atomic(ws.stage_dir("prm") / SPLIT_FILE, {"train": train_ids, "heldout": heldout_ids})
-  held = set(heldout_ids)
-  return [s for s in sequences if s.task_id not in held], [s for s in sequences if s.task_id in held]
+    write_json_atomic(ws.stage_dir("prm") / SPLIT_FILE, ids)
+  return {name: [s for s in sequences if s.task_id in set(part)] for name, part in ids.items()}
 
 
 def estimator_forward(cfg: ml_collections.ConfigDict, tokenizer, mesh) -> dict:
@@ -521,7 +530,8 @@ def initial_head(cfg: ml_collections.ConfigDict, model: ValueModel, train: list[
 
 
 def read_split(ws: Workspace) -> dict[str, list[int]]:
-  """The task ids the estimator was trained on ("train") and held out from ("heldout")."""
+  """The task ids the estimator was trained on ("train"), chosen on ("validation", absent in
+  workspaces from before the selection) and held out from ("heldout")."""
   return json.loads((ws.stage_dir("prm") / SPLIT_FILE).read_text())
 
 
@@ -530,7 +540,8 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
   mesh = common.make_mesh(cfg)
   max_steps, pad_id = cfg.env.max_steps, tokenizer.pad_id
   sequences, dropped = load_sequences(read_trajectories(ws, EXPLORE), tokenizer, cfg.prm.max_len)
-  train, heldout = _split_sequences(cfg, ws, sequences)
+  parts = _split_sequences(cfg, ws, sequences)
+  train, validation, heldout = parts["train"], parts["validation"], parts["heldout"]
   if not train:
     raise ValueError(f"no exploration trajectory to train the progress estimator on (dropped: {dropped}); "
                      "run more exploration (explore.max_tasks) or raise prm.max_len")
@@ -547,31 +558,37 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
   ckpt = checkpointer(cfg, ws)
   resumed = ckpt.latest_step() is not None
   forward = estimator_forward(cfg, tokenizer, mesh)
-  if resumed:
-    model_cfg = backbone_config(cfg, sft_dir, activation_dtype(cfg))
-    abstract = abstract_train_state(lambda: _estimator_module(Llama(model_cfg, rngs=nnx.Rngs(0)), cfg, cfg.seed),
-                                    tx, trainable=trainable, mesh=mesh)
-    state, metadata = ckpt.restore(abstract)
-    probe = metadata.get("probe", {})
-    logging.info("prm: resuming from step %d of %d", int(state.step), len(plan))
-  else:
-    model_cfg, backbone = load_backbone(cfg, sft_dir, mesh, activation_dtype(cfg))
-    model = shard_model(_estimator_module(backbone, cfg, cfg.seed), mesh)
-    probe = initial_head(cfg, model, train, heldout, forward)
-    state = create_train_state(model, tx, trainable=trainable, seed=cfg.seed)
-
-  step_fn = make_progress_step(state, num_micro_batches=num_micro)
-  metadata = {"fingerprint": run_fingerprint(cfg, "prm"), "total_steps": len(plan), "probe": probe}
-  parts = {"train": train, "heldout": heldout}
 
   def measure(state) -> tuple[dict, dict]:
     """Per part: the estimator's c_t, and their fit_metrics."""
     progress = {name: estimate_progress(state, part, **forward) for name, part in parts.items()}
     return progress, {name: fit_metrics(part, progress[name]) for name, part in parts.items()}
 
+  if resumed:
+    model_cfg = backbone_config(cfg, sft_dir, activation_dtype(cfg))
+    abstract = abstract_train_state(lambda: _estimator_module(Llama(model_cfg, rngs=nnx.Rngs(0)), cfg, cfg.seed),
+                                    tx, trainable=trainable, mesh=mesh)
+    state, metadata = ckpt.restore(abstract)
+    probe, best = metadata.get("probe", {}), metadata.get("best")
+    logging.info("prm: resuming from step %d of %d", int(state.step), len(plan))
+  else:
+    model_cfg, backbone = load_backbone(cfg, sft_dir, mesh, activation_dtype(cfg))
+    model = shard_model(_estimator_module(backbone, cfg, cfg.seed), mesh)
+    probe = initial_head(cfg, model, train, heldout, forward)
+    state = create_train_state(model, tx, trainable=trainable, seed=cfg.seed)
+    best = None
+    if validation:  # epoch 0, the initial head, is a candidate too
+      best = _keep_if_best(ws, state, model_cfg, 0, measure(state)[1]["validation"], None)
+
+  step_fn = make_progress_step(state, num_micro_batches=num_micro)
+  metadata = {"fingerprint": run_fingerprint(cfg, "prm"), "total_steps": len(plan), "probe": probe, "best": best}
+
   progress, fit = {}, {}
   with ckpt, tracking.MetricsWriter(ws, "prm", cfg.tracking.tensorboard, append=resumed) as writer, \
       tracking.progress(len(plan), "prm", unit="step", enabled=cfg.tracking.progress) as bar:
+    if best is not None and not resumed:
+      writer.write(0, {f"validation_{key}": value for key, value in best["fit"].items() if key != "trajectories"}
+                   | {"epoch": 0})
     bar.update(int(state.step))
     for step in range(int(state.step), len(plan)):
       epoch, _, rows = plan[step]
@@ -588,14 +605,21 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
         scalars |= {f"{name}_{key}": value for name in parts for key, value in fit[name].items()
                     if key != "trajectories"}
         scalars["epoch"] = epoch + 1
-        logging.info("prm epoch %d: train %s, held-out %s", epoch + 1, fit["train"], fit["heldout"])
+        logging.info("prm epoch %d: %s", epoch + 1, fit)
+        if validation:
+          best = metadata["best"] = _keep_if_best(ws, state, model_cfg, epoch + 1, fit["validation"], best)
       if (step + 1) % cfg.tracking.log_every == 0 or "epoch" in scalars:
         writer.write(step + 1, scalars)
       ckpt.save(step + 1, state, metadata, force=step + 1 == len(plan))
 
-  model = state.model()
-  outputs = save_estimator(ws, model, model_cfg) + [str(ws.stage_dir("prm") / SPLIT_FILE)]
-  if not fit:  # resumed after the last step: recompute the final fit for the summary
+  if best is None:  # no validation tasks: the last epoch's estimator
+    save_estimator(ws, state.model(), model_cfg)
+  elif best["epoch"] != cfg.prm.epochs:  # an earlier epoch's estimator (exported then) is the stage's
+    logging.info("prm: keeping epoch %d's estimator (validation MSE %.4f; the last epoch's: %s)", best["epoch"],
+                 best["fit"]["mse"], fit.get("validation", {}).get("mse", "resumed"))
+    state, fit = load_estimator(cfg, ws, mesh), {}
+  outputs = [str(path) for path in sorted(estimator_dir(ws).iterdir())] + [str(ws.stage_dir("prm") / SPLIT_FILE)]
+  if not fit:  # resumed after the last step, or an earlier epoch kept: the kept estimator's fit
     progress, fit = measure(state)
   if cfg.tracking.plots:
     examples = example_trajectories(heldout or train, cfg.prm.plot_examples)
@@ -605,14 +629,24 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
     plot_progress(examples, examples_progress, ws.plot_path(PROGRESS_PLOT),
                   title="held-out" if heldout else "train (no held-out tasks)")
     outputs += [str(ws.plot_path("prm")), str(ws.plot_path(PROGRESS_PLOT))]
-  baseline_r2 = counting_baseline_r2(train, heldout)
+  baseline_r2 = counting_baseline_r2(train + validation, heldout)
   warn_if_uninformative(fit["heldout"] if heldout else fit["train"], "held-out" if heldout else "train", baseline_r2)
-  return {"steps": len(plan), "resumed": resumed, "train_trajectories": len(train), **probe,
-          "heldout_baseline_r2": _json_number(baseline_r2),
+  return {"steps": len(plan), "resumed": resumed, "train_trajectories": len(train),
+          "validation_trajectories": len(validation), "kept_epoch": cfg.prm.epochs if best is None else best["epoch"],
+          **probe, "heldout_baseline_r2": _json_number(baseline_r2),
           "heldout_r2_ci95": [_json_number(x) for x in r2_interval(heldout, progress["heldout"], seed=cfg.seed)],
           "heldout_trajectories": len(heldout), "dropped": dropped, **spread,
           **{f"{name}_{key}": _json_number(value) for name, part in fit.items() for key, value in part.items()},
           "outputs": outputs}
+
+
+def _keep_if_best(ws: Workspace, state: TrainState, model_cfg, epoch: int, fit: dict, best: dict | None) -> dict:
+  """`best` ({"epoch", "fit"}: the exported estimator's epoch and validation fit), replaced by this
+  epoch's when its validation MSE is lower; the estimator is exported then (every process calls)."""
+  if best is not None and not fit["mse"] < best["fit"]["mse"]:
+    return best
+  save_estimator(ws, state.model(), model_cfg)
+  return {"epoch": epoch, "fit": {key: _json_number(value) for key, value in fit.items()}}
 
 
 def _json_number(value):

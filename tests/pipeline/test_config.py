@@ -1,5 +1,6 @@
 """Config files: every stage config loads and validates; mistakes fail before any work, naming the field."""
 
+import json
 import os
 import subprocess
 import sys
@@ -83,6 +84,8 @@ def test_unknown_preset_is_rejected():
     ("ppo.eval_every", -1, "config.ppo.eval_every=-1: must be >= 0 iterations"),
     ("ppo.eval_tasks", 0, "config.ppo.eval_tasks=0: must be > 0 goals"),
     ("ppo.critic_warmup", 2, "config.ppo.critic_warmup=2: must be >= 0 and below ppo.iterations=2"),
+    ("prm.validation_fraction", 1.0, "config.prm.validation_fraction=1.0: must be in [0, 1)"),
+    ("label.grounding_form", "none", "config.label.grounding_form='none': must be one of ('bonus', 'penalty')"),
 ])
 def test_bad_values_are_named(path, value, message):
   cfg = configuration.load_config("eval")
@@ -105,11 +108,12 @@ def test_choice_lists_equal_the_modules_they_copy():
   from spa_jax.models.config import REMAT_POLICIES
   from spa_jax.models.lora import ALL_TARGETS
   from spa_jax.training.kl import KL_ESTIMATORS
-  from spa_jax.training.rewards import REWARD_MODES
+  from spa_jax.training.rewards import GROUNDING_FORMS, REWARD_MODES
   assert configuration.LORA_TARGETS == ALL_TARGETS
   assert configuration.KL_ESTIMATORS == KL_ESTIMATORS
   assert configuration.REMAT_POLICIES == REMAT_POLICIES
   assert configuration.REWARD_MODES == REWARD_MODES
+  assert configuration.GROUNDING_FORMS == tuple(GROUNDING_FORMS)
 
 
 def test_target_outside_the_config_chain_names_the_config_to_use():
@@ -179,3 +183,13 @@ def test_default_eval_policies_follow_the_reward_modes():
   assert configuration.eval_policies(cfg) == ["untrained", "sft", "ppo_grounding_only", "ppo_sparse"]
   assert configuration.eval_policies(configuration.load_config("eval", "smollm2-135m")) == [
       "sft", "ppo_sparse", "ppo_spa"]
+
+
+def test_workspace_config_gives_fields_added_since_their_defaults(tmp_path):
+  saved = configuration.load_config("eval").to_dict()
+  del saved["label"]["grounding_form"], saved["prm"]["validation_fraction"]  # a workspace from before them
+  saved["prm"]["learning_rate"] = 2e-5
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  cfg = configuration.workspace_config(tmp_path)
+  assert cfg.label.grounding_form == "bonus" and cfg.prm.validation_fraction == 0.2  # the tiny defaults
+  assert cfg.prm.learning_rate == 2e-5 and cfg.preset == "tiny"  # what the workspace ran with

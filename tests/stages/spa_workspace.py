@@ -23,7 +23,7 @@ from spa_jax.workspace import Workspace
 NUM_TASKS = 4
 SETTINGS = MICRO | {
     "env.max_steps": 10, "prm.batch_size": 4, "prm.micro_batch_size": 2, "prm.epochs": 2,
-    "prm.learning_rate": 1e-4, "prm.holdout_fraction": 0.25, "prm.checkpoint_every": 2,
+    "prm.learning_rate": 1e-4, "prm.holdout_fraction": 0.25, "prm.validation_fraction": 0.0, "prm.checkpoint_every": 2,
     "prm.length_bucket": 1024, "ppo.length_bucket": 1024,
     "ppo.iterations": 2, "ppo.rollouts_per_iteration": 2, "ppo.mini_batch_size": 2, "ppo.grad_accum": 1,
     "ppo.ppo_epochs": 1, "ppo.max_new_tokens": 16, "ppo.reward_modes": "spa", "eval.policies": "sft,ppo_spa",

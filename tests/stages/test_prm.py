@@ -91,7 +91,7 @@ def test_fit_metrics_and_the_warning_catch_an_estimator_that_only_counts_steps(c
   assert fit["r2"] == pytest.approx(1 - fit["mse"] / np.var(rewards)) and fit["r2"] < 0
   with caplog.at_level(logging.WARNING):
     assert prm.warn_if_uninformative(fit, "held-out")
-  assert "R^2 -" in caplog.text and "prm.epochs" in caplog.text
+  assert "R^2 -" in caplog.text and "prm.validation_fraction" in caplog.text
   caplog.clear()
 
   # the two-count line: least squares on four trajectories, R^2 on the other two
@@ -230,3 +230,32 @@ def test_r2_interval_resamples_whole_goals():
   assert prm.r2_interval(sequences, noisy, seed=0) == (low, high)  # seeded
   one_goal = [s for s in sequences if s.task_id == 0]
   assert all(np.isnan(prm.r2_interval(one_goal, noisy, seed=0)))
+
+
+def test_prm_ships_the_epoch_that_fits_the_validation_tasks_best(workspace):
+  # a learning rate far too high for the micro backbone: fine-tuning makes the fit worse than the
+  # probe, and the stage must ship the epoch (0: the probed head) with the lowest validation MSE
+  ws = Workspace(workspace)
+  cfg = make_config(workspace, {"prm.validation_fraction": 0.3, "prm.learning_rate": 0.05, "prm.epochs": 2})
+  summary = prm.run(cfg, ws)
+  split = prm.read_split(ws)
+  assert [len(split[k]) for k in ("train", "validation", "heldout")] == [2, 1, 1]
+  assert sorted(split["train"] + split["validation"] + split["heldout"]) == sorted({r["task_id"] for r in expert_records(cfg)})
+  assert summary["train_trajectories"] == 6 and summary["validation_trajectories"] == 3
+
+  epochs = {row["epoch"]: row["validation_mse"] for row in read_metrics(ws.metrics_path("prm")) if "epoch" in row}
+  assert sorted(epochs) == [0, 1, 2], epochs
+  assert summary["kept_epoch"] == min(epochs, key=epochs.get) == 0
+  assert summary["validation_mse"] == pytest.approx(epochs[0], rel=1e-5)
+
+  # the exported estimator is the kept one: it reproduces the kept epoch's validation fit
+  tokenizer = common.load_tokenizer(cfg, ws)
+  mesh = common.make_mesh(cfg)
+  sequences, _ = prm.load_sequences(
+      [r for r in expert_records(cfg) if r["task_id"] in split["validation"]], tokenizer, cfg.prm.max_len)
+  progress = prm.estimate_progress(prm.load_estimator(cfg, ws, mesh), sequences,
+                                   **prm.estimator_forward(cfg, tokenizer, mesh))
+  np.testing.assert_allclose(prm.fit_metrics(sequences, progress)["mse"], epochs[0], rtol=1e-4)
+  again = prm.run(cfg, ws)  # resumed after the last step: the choice travels in the checkpoint metadata
+  assert again["resumed"] and again["kept_epoch"] == 0
+  np.testing.assert_allclose(again["heldout_mse"], summary["heldout_mse"], rtol=1e-5)

@@ -126,3 +126,35 @@ def test_step_rewards_modes(mode, expected):
 def test_step_rewards_rejects_unknown_mode():
   with pytest.raises(ValueError, match="reward_mode"):
     rewards.step_rewards("leave_one_out", **REWARD_INPUTS)
+
+
+@pytest.mark.parametrize("mode, expected", [
+    # alpha c + beta (g - 1): (0.2, -0.1 - 0.5, 0.5) and (0.3 - 0.5)
+    ("spa", [[0.2, -0.6, 0.5], [-0.2, 0.0, 0.0]]),
+    # beta (g - 1) + R at the last step: (0, -0.5, 0.8) and (-0.5 + 1)
+    ("grounding_only", [[0.0, -0.5, 0.8], [0.5, 0.0, 0.0]]),
+    ("sparse", [[0.0, 0.0, 0.8], [1.0, 0.0, 0.0]]),  # no grounding term
+])
+def test_step_rewards_penalty_form(mode, expected):
+  np.testing.assert_allclose(rewards.step_rewards(mode, **REWARD_INPUTS, grounding_form="penalty"), expected,
+                             rtol=1e-6, atol=1e-7)
+
+
+def test_only_the_bonus_form_pays_a_policy_for_never_buying():
+  # ten valid steps without a purchase (R = 0) against a perfect four-step purchase (R = 1), with an
+  # estimator whose sums equal R (c_t = R / T): the bonus form's return prefers stalling (5.0 > 3.0),
+  # the penalty form's the purchase (0.0 < 1.0)
+  stall = dict(progress=np.zeros(10), grounding=np.ones(10), reward=0.0)
+  buy = dict(progress=np.full(4, 0.25), grounding=np.ones(4), reward=1.0)
+
+  def episode_return(episode, form):
+    steps = episode["progress"].size
+    pad = lambda x: jnp.asarray(np.pad(x, (0, 10 - steps)), jnp.float32)[None]  # noqa: E731
+    r = rewards.step_rewards("spa", progress_bs=pad(episode["progress"]), grounding_bs=pad(episode["grounding"]),
+                             step_mask_bs=pad(np.ones(steps)), final_reward_b=jnp.asarray([episode["reward"]]),
+                             alpha=1.0, beta=0.5, grounding_form=form)
+    return float(r.sum())
+  assert episode_return(stall, "bonus") == pytest.approx(5.0) and episode_return(buy, "bonus") == pytest.approx(3.0)
+  assert episode_return(stall, "penalty") == pytest.approx(0.0) and episode_return(buy, "penalty") == pytest.approx(1.0)
+  with pytest.raises(ValueError, match="grounding_form"):
+    rewards.step_rewards("spa", **REWARD_INPUTS, grounding_form="bonuses")
