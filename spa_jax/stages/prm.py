@@ -502,7 +502,8 @@ def _split_sequences(cfg, ws, sequences) -> dict[str, list[TrajectorySequence]]:
   ids = {"train": train_ids, "validation": validation_ids, "heldout": heldout_ids}
   if distributed.is_main_process():
     write_json_atomic(ws.stage_dir("prm") / SPLIT_FILE, ids)
-  return {name: [s for s in sequences if s.task_id in set(part)] for name, part in ids.items()}
+  part_of = {task: name for name, part in ids.items() for task in part}
+  return {name: [s for s in sequences if part_of[s.task_id] == name] for name in ids}
 
 
 def estimator_forward(cfg: ml_collections.ConfigDict, tokenizer, mesh) -> dict:
