@@ -113,3 +113,19 @@ def test_score_ties_are_ordered_by_asin_even_far_beyond_the_cut_off(tmp_path):
     reference = search._java_class("io.anserini.search.SimpleSearcher")(str(engine.index_dir))
     assert [hit.docid for hit in reference.search("cap", 50)] == expected
     assert SearchEngine(products, tmp_path, backend="bm25").search("cap") == expected
+
+
+def test_a_process_hosting_the_search_jvm_can_still_solve_linear_systems():
+    # With a JVM in the process, OpenBLAS's threaded LU (numpy.linalg.solve of a few hundred rows) used
+    # to segfault on the main thread: the trainer's progress-estimator probe died after SFT had started
+    # the JVM for its expert episodes. A child process, so that a crash fails this test and not the run.
+    import subprocess
+    script = ("import numpy as np\n"
+              "from webshop import search\n"
+              "search._java_class('java.lang.System')\n"
+              "a = np.random.default_rng(0).normal(size=(400, 400)); a = a @ a.T + np.eye(400)\n"
+              "x = np.linalg.solve(a, np.ones(400))\n"
+              "assert np.allclose(a @ x, 1.0)\n"
+              "print('solved')\n")
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0 and "solved" in child.stdout, (child.returncode, child.stderr[-2000:])

@@ -247,3 +247,8 @@ def _configure_jvm() -> None:
         from pyserini.pyclass import autoclass  # noqa: F401  (starts the JVM)
     except ImportError as error:
         raise RuntimeError(f"WebShop search needs pyserini but importing it failed ({error}); {_PYSERINI_FIX}") from error
+    # With a JVM in the process, OpenBLAS's threaded LU factorisation (dgetrf_parallel, behind
+    # numpy.linalg.solve / inv of a few hundred rows and up) segfaults on the main thread: the caller of a
+    # search in-process (a trainer generating expert demonstrations, say) keeps numpy's BLAS on one thread.
+    import threadpoolctl  # a dependency of the Java path only: the "bm25" backend runs without it
+    threadpoolctl.threadpool_limits(1, user_api="blas")
