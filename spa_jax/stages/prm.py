@@ -578,8 +578,9 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
     probe = initial_head(cfg, model, train, heldout, forward)
     state = create_train_state(model, tx, trainable=trainable, seed=cfg.seed)
     best = None
-    if validation:  # epoch 0, the initial head, is a candidate too
-      best = _keep_if_best(ws, state, model_cfg, 0, measure(state)[1]["validation"], None)
+    if validation:  # epoch 0, the initial head, is a candidate too (its validation fit only: no train pass)
+      best = _keep_if_best(ws, state, model_cfg, 0,
+                           fit_metrics(validation, estimate_progress(state, validation, **forward)), None)
 
   step_fn = make_progress_step(state, num_micro_batches=num_micro)
   metadata = {"fingerprint": run_fingerprint(cfg, "prm"), "total_steps": len(plan), "probe": probe, "best": best}
