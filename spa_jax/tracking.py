@@ -22,7 +22,8 @@ from spa_jax.workspace import Workspace  # noqa: E402
 
 
 def _scalar(value) -> float:
-  return float(np.asarray(value))
+  """A float; None (an undefined value as JSON keeps it, e.g. a checkpoint's stored fit) is NaN."""
+  return math.nan if value is None else float(np.asarray(value))
 
 
 class MetricsWriter:
@@ -41,7 +42,7 @@ class MetricsWriter:
       self._tb = SummaryWriter(str(ws.tb_dir(stage)))
 
   def write(self, step: int, scalars: Mapping[str, float]) -> None:
-    """Records scalars (floats, numpy or JAX scalars) at `step`."""
+    """Records scalars (floats, numpy or JAX scalars; None for undefined) at `step`."""
     if not self.enabled:
       return
     values = {name: _scalar(value) for name, value in scalars.items()}

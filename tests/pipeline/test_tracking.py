@@ -33,10 +33,11 @@ def test_undefined_values_stay_in_jsonl_but_out_of_tensorboard(tmp_path):
   with tracking.MetricsWriter(ws, "prm") as writer:
     writer.write(0, {"pearson": float("nan"), "mse": 0.5})
     writer.write(1, {"pearson": 0.25, "mse": 0.4})
+    writer.write(2, {"pearson": None, "mse": 0.3})  # undefined as JSON stores it
   rows = [json.loads(line) for line in ws.metrics_path("prm").read_text().splitlines()]
-  assert np.isnan(rows[0]["pearson"]) and rows[1]["pearson"] == 0.25
+  assert np.isnan(rows[0]["pearson"]) and rows[1]["pearson"] == 0.25 and np.isnan(rows[2]["pearson"])
   assert tensorboard_scalars(ws.tb_dir("prm"), "pearson") == [0.25]
-  assert tensorboard_scalars(ws.tb_dir("prm"), "mse") == pytest.approx([0.5, 0.4])
+  assert tensorboard_scalars(ws.tb_dir("prm"), "mse") == pytest.approx([0.5, 0.4, 0.3])
 
 
 def tensorboard_scalars(tb_dir, tag):

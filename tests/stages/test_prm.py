@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from spa_jax.rollout import agent_format as af
+from spa_jax.rollout.trajectory_store import TrajectoryWriter
 from spa_jax.stages import common, prm
 from spa_jax.training.batch import steps_from_action_mask
 from spa_jax.tracking import read_metrics
@@ -259,3 +260,19 @@ def test_prm_ships_the_epoch_that_fits_the_validation_tasks_best(workspace):
   again = prm.run(cfg, ws)  # resumed after the last step: the choice travels in the checkpoint metadata
   assert again["resumed"] and again["kept_epoch"] == 0
   np.testing.assert_allclose(again["heldout_mse"], summary["heldout_mse"], rtol=1e-5)
+
+
+def test_prm_trains_and_ships_an_estimator_when_every_exploration_reward_is_equal(workspace):
+  # a random policy's exploration earns 0 everywhere (bench/ppo_bench.py's 3B shape): R^2 and the
+  # correlations are undefined on every split, and the stage still trains, validates and ships
+  ws = Workspace(workspace)
+  cfg = make_config(workspace, {"prm.validation_fraction": 0.3, "prm.epochs": 1})
+  with TrajectoryWriter(ws, prm.EXPLORE) as write:
+    for record in expert_records(cfg):
+      write({**record, "final_reward": 0.0, "success": False})
+  summary = prm.run(cfg, ws)
+  assert summary["kept_epoch"] in (0, 1) and summary["reward_std"] == 0
+  assert summary["validation_r2"] is None and summary["heldout_r2"] is None
+  rows = {row["epoch"]: row for row in read_metrics(ws.metrics_path("prm")) if "epoch" in row}
+  assert sorted(rows) == [0, 1] and np.isnan(rows[0]["validation_r2"]) and np.isfinite(rows[0]["validation_mse"])
+  assert prm.load_estimator(cfg, ws, common.make_mesh(cfg)) is not None
