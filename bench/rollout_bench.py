@@ -4,19 +4,23 @@
     python bench/rollout_bench.py --preset llama3.2-3b --num-envs 64,256 --search-backend bm25   # GPU
 
 Per pool size: episodes/s, generated tokens/s, env steps/s and the share of wall time spent in
-generation (Sampler.extend + generate) vs the env (EnvPool.reset + step). Random weights: every
-turn decodes the full --max-new-tokens (no stop fires) and acts invalidly, so every episode runs
---max-steps turns: the generation-heaviest case. Compilation is excluded (a warm-up round runs
+generation (Sampler.extend: prefilling prompts and observations, + generate: decoding) vs the env
+(EnvPool.reset + step). Random weights: every turn decodes the full --max-new-tokens (no stop fires)
+and acts invalidly, so every episode runs --max-steps turns: the generation-heaviest case. Compilation is excluded (a warm-up round runs
 first). Each pool size runs with the shared prompt prefix (its keys/values prefilled once and copied
-into each new episode's row) and without it (every row prefills the whole prompt), side by side. The tokenizer is the SentencePiece one trained on the embedded catalogue; real presets
-keep their full vocabulary. Prints progress to stderr, appends a section to bench/RESULTS.md and
-ends with ONE JSON line on stdout.
+into each new episode's row) and without it (every row prefills the whole prompt), side by side.
+Each pool size's ceiling is measured in the same process (unless --no-ceilings): pure batched
+decode (bench/model_bench.py) at as many rows, a --ceiling-prompt-token context and --max-new-tokens
+new tokens; each row's generated tokens/s is reported as a fraction of it. The tokenizer is the
+SentencePiece one trained on the embedded catalogue; real presets keep their full vocabulary.
+Prints progress to stderr, appends a section to bench/RESULTS.md and ends with ONE JSON line on stdout.
 """
 
 import argparse
 import collections
 import datetime
 import functools
+import gc
 import json
 import os
 import pathlib
@@ -29,6 +33,7 @@ import time
 import jax
 from flax import nnx
 
+import model_bench
 from spa_jax import configuration
 from spa_jax.models import Llama, LlamaConfig
 from spa_jax.rollout import episodes
@@ -100,7 +105,8 @@ def measure(args, cfg, tokenizer, model_cfg, graphdef, params, num_envs: int, sh
   with common.open_pool(cfg, num_envs) as pool:
     run(pool=pool, tasks=tasks[:num_envs], rng=jax.random.key(1))  # warm-up: compiles every shape
     watch = Stopwatch()
-    watch.wrap(sampler, "generation", "extend", "generate")
+    watch.wrap(sampler, "extend", "extend")
+    watch.wrap(sampler, "generate", "generate")
     watch.wrap(pool, "env", "reset", "step")
     watch.count_steps(pool)
     episodes_total = args.episodes_per_env * num_envs
@@ -113,7 +119,8 @@ def measure(args, cfg, tokenizer, model_cfg, graphdef, params, num_envs: int, sh
       "episodes_per_s": round(summary["episodes"] / seconds, 3),
       "gen_tokens_per_s": round(summary["generated_tokens"] / seconds, 1),
       "env_steps_per_s": round(watch.env_steps / seconds, 1),
-      "generation_share": round(watch.seconds["generation"] / seconds, 3),
+      "generation_share": round((watch.seconds["extend"] + watch.seconds["generate"]) / seconds, 3),
+      "extend_share": round(watch.seconds["extend"] / seconds, 3),
       "env_share": round(watch.seconds["env"] / seconds, 3),
       "mean_steps": summary["mean_steps"],
   }
@@ -128,15 +135,20 @@ def append_results(args, results: list[dict], machine: str) -> None:
            f"- commit: {commit}; preset {args.preset}, random weights, max_new_tokens {args.max_new_tokens}, "
            f"max_steps {args.max_steps}, max_context {args.max_context}, search backend {args.search_backend or 'default'}, "
            f"one-shot prompt {args.one_shot}\n",
-           "| envs | shared prefix (tokens) | episodes | episodes/s | gen tokens/s | env steps/s | generation share | env share |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| envs | shared prefix (tokens) | episodes | episodes/s | gen tokens/s | env steps/s | generation share (extend) | "
+           "env share | pure decode tokens/s | fraction of decode |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
   lines += [f"| {r['num_envs']} | {r['shared_prefix'] or 'off'} | {r['episodes']} | {r['episodes_per_s']} | "
-            f"{r['gen_tokens_per_s']} | {r['env_steps_per_s']} | {r['generation_share']} | {r['env_share']} |"
-            for r in results]
+            f"{r['gen_tokens_per_s']} | {r['env_steps_per_s']} | {r['generation_share']} ({r['extend_share']}) | {r['env_share']} | "
+            f"{r.get('decode_tok_s', 'n/a')} | {r.get('fraction_of_decode', 'n/a')} |" for r in results]
+  if any("decode_tok_s" in r for r in results):
+    lines += ["", f"Pure decode: the same rows, a {args.ceiling_prompt}-token context, {args.max_new_tokens} new "
+              "tokens, greedy, in this process (bench/model_bench.py's bench_decode)."]
   pairs = [(on, off) for on in results for off in results
            if on["num_envs"] == off["num_envs"] and on["shared_prefix"] and not off["shared_prefix"]]
-  lines += ["", "Shared prefix on / off, generated tokens/s: " + ", ".join(
-      f"{on['num_envs']} envs {on['gen_tokens_per_s'] / off['gen_tokens_per_s']:.2f}x" for on, off in pairs)]
+  if pairs:
+    lines += ["", "Shared prefix on / off, generated tokens/s: " + ", ".join(
+        f"{on['num_envs']} envs {on['gen_tokens_per_s'] / off['gen_tokens_per_s']:.2f}x" for on, off in pairs)]
   if not RESULTS.exists():
     RESULTS.write_text("# Benchmark results\n\nAppend-only: one section per run (date, machine, command, results).\n")
   with RESULTS.open("a") as f:
@@ -156,10 +168,15 @@ def main() -> None:
   parser.add_argument("--search-backend", default="", help='"" (env default) or e.g. "bm25" (no Java)')
   parser.add_argument("--one-shot", action="store_true",
                       help="the real presets' prompt (instruction + demonstration, ~1.1k tokens; tiny: instruction only)")
+  parser.add_argument("--prefix", choices=("both", "on", "off"), default="both",
+                      help="run with the shared prompt prefix, without it, or both side by side")
+  parser.add_argument("--no-ceilings", action="store_true", help="skip the pure-decode ceiling per pool size")
+  parser.add_argument("--ceiling-prompt", type=int, default=1024, help="the pure-decode ceiling's context tokens")
   parser.add_argument("--no-results", action="store_true", help="do not append to bench/RESULTS.md")
   args = parser.parse_args()
   if args.quick:
     args.num_envs, args.episodes_per_env, args.max_steps, args.max_new_tokens = "8", 2, 4, 32
+    args.ceiling_prompt = 32
 
   cfg = bench_config(args)
   cache = pathlib.Path(os.environ.get("SPA_JAX_BENCH_CACHE", pathlib.Path(tempfile.gettempdir()) / "spa_jax_bench"))
@@ -169,11 +186,21 @@ def main() -> None:
   device = jax.devices()[0]
   machine = (f"{platform.machine()}, {os.cpu_count()} CPU cores, {jax.default_backend()} "
              f"({getattr(device, 'device_kind', device.platform)}), jax {jax.__version__}")
+  mesh = common.make_mesh(cfg)
+  bandwidth = None if args.no_ceilings else model_bench.copy_bandwidth_bytes_per_s(mesh)
   results = []
   for num_envs in [int(n) for n in args.num_envs.split(",")]:
-    for share_prefix in (True, False):
-      results.append(measure(args, cfg, tokenizer, model_cfg, graphdef, params, num_envs, share_prefix))
-      print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    rows = [measure(args, cfg, tokenizer, model_cfg, graphdef, params, num_envs, share_prefix)
+            for share_prefix in {"both": (True, False), "on": (True,), "off": (False,)}[args.prefix]]
+    if bandwidth is not None:
+      gc.collect()  # the rollouts' samplers (their KV caches) go before the ceiling's own
+      decode = model_bench.bench_decode(model_cfg, mesh, num_envs, args.ceiling_prompt, args.max_new_tokens, bandwidth)
+      for row in rows:
+        row |= {"decode_tok_s": round(decode["new_tok_s"], 1),
+                "fraction_of_decode": round(row["gen_tokens_per_s"] / decode["new_tok_s"], 3)}
+    for row in rows:
+      print(json.dumps(row), file=sys.stderr, flush=True)
+    results += rows
   if not args.no_results:
     append_results(args, results, machine)
   print(json.dumps({"bench": "rollout", "preset": args.preset, "machine": machine,
