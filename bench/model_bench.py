@@ -11,6 +11,9 @@
     new tokens/s, against the memory-bandwidth roofline: batch / (bytes read per decode step,
     weights + the KV cache of the average context, at the device copy bandwidth (read + write
     traffic) measured in the same process; the figure at 4.16 TB/s is reported beside it).
+    --decode-slots sizes the KV cache past the context (as agent.max_context does in rollouts) and
+    --decode-attention dense,ragged compares the masked read of every slot with the Pallas kernel
+    that reads each row's filled slots only (model.decode_attention), side by side.
 
 Ends with one JSON line on stdout; with $OUT set, also writes $OUT/model_bench.json. Run
 `../shared/bench/torch_baseline.py` in the same call for ratios.
@@ -118,7 +121,10 @@ def copy_bandwidth_bytes_per_s(mesh) -> float:
   return 2 * x.nbytes / seconds
 
 
-def bench_decode(cfg: LlamaConfig, mesh, batch: int, prompt: int, new_tokens: int, bandwidth: float) -> dict:
+def bench_decode(cfg: LlamaConfig, mesh, batch: int, prompt: int, new_tokens: int, bandwidth: float,
+                 slots: int = 0) -> dict:
+  """Greedy decode of `new_tokens` after a `prompt`-token context in every row, with a KV cache of `slots`
+  slots (0: prompt + new_tokens) and `cfg.decode_attention`."""
   model = create_sharded(lambda: Llama(cfg, rngs=nnx.Rngs(0)), mesh)
   graphdef, params = nnx.split(model)
   weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
@@ -127,7 +133,7 @@ def bench_decode(cfg: LlamaConfig, mesh, batch: int, prompt: int, new_tokens: in
   tokenizer = types.SimpleNamespace(vocab_size=cfg.vocab_size, pad_id=0, bos_id=1,
                                     eos_id=cfg.vocab_size - 1, end_of_turn_id=cfg.vocab_size - 2,
                                     decode=lambda ids: "")
-  max_len = prompt + new_tokens
+  max_len = slots or prompt + new_tokens
   sampler = Sampler(graphdef, cfg, tokenizer, batch_size=batch, max_len=max_len,
                     length_buckets=(prompt,), mesh=mesh)
   rng = np.random.default_rng(1)
@@ -160,6 +166,7 @@ def bench_decode(cfg: LlamaConfig, mesh, batch: int, prompt: int, new_tokens: in
       "roofline_dense_cache_tok_s": batch * bandwidth / bytes_per_step_dense,
       "roofline_at_4.16TBps_tok_s": batch * 4.16e12 / bytes_per_step_ideal,
       "weights_GB": weight_bytes / 1e9, "kv_GB_mean_context": batch * mean_context * kv_bytes_per_token / 1e9,
+      "cache_slots": max_len, "decode_attention": cfg.decode_attention,
   }
 
 
@@ -172,6 +179,10 @@ def main():
   parser.add_argument("--skip-decode", action="store_true")
   parser.add_argument("--train-batches", default="8,16")
   parser.add_argument("--decode-batches", default="64,256")
+  parser.add_argument("--decode-slots", type=int, default=0,
+                      help="KV cache slots per row (0: prompt + new tokens; e.g. 4096 as agent.max_context)")
+  parser.add_argument("--decode-attention", default="dense",
+                      help="comma-separated model.decode_attention values to compare (dense, ragged)")
   parser.add_argument("--remat", default=None, help="remat policy override (e.g. none, full)")
   parser.add_argument("--unrolled", action="store_true",
                       help="train with the layer stack unrolled (model.scan_layers=False; default: scanned)")
@@ -198,12 +209,15 @@ def main():
     result["copy_TBps"] = bandwidth / 1e12
     for batch in map(int, args.decode_batches.split(",")):
       batch = 4 if args.quick else batch
-      try:
-        result[f"decode_B{batch}_P{prompt}_N{new_tokens}"] = bench_decode(
-            cfg, mesh, batch, prompt, new_tokens, bandwidth)
-      except Exception as error:  # noqa: BLE001
-        result[f"decode_B{batch}_P{prompt}_N{new_tokens}"] = f"failed: {type(error).__name__}: {str(error)[:300]}"
-      print(json.dumps(result), flush=True)
+      for attention in args.decode_attention.split(","):
+        key = f"decode_B{batch}_P{prompt}_N{new_tokens}" + (f"_S{args.decode_slots}" if args.decode_slots else "")
+        key += "" if attention == "dense" else f"_{attention}"
+        try:
+          result[key] = bench_decode(cfg.replace(decode_attention=attention), mesh, batch, prompt, new_tokens,
+                                     bandwidth, args.decode_slots)
+        except Exception as error:  # noqa: BLE001
+          result[key] = f"failed: {type(error).__name__}: {str(error)[:300]}"
+        print(json.dumps(result), flush=True)
       if args.quick:
         break
   if jax.default_backend() == "gpu":

@@ -24,7 +24,9 @@ ceiling measured in the same process (bench/model_bench.py): the rollout's gener
 batched decode at --num-envs rows; targets and update in training-step-equivalent tokens (targets:
 the batch's tokens once, its three forward passes, old policy, reference and critic, cost about
 one forward + backward; update: the batch's tokens x ppo_epochs x 2, policy and critic each trained
-on every token) against the training step (forward + backward + AdamW, batch 8 x 1024). A
+on every token) against the training step (forward + backward + AdamW, batch 8 x 1024).
+--decode-attention ragged: the rollouts' decode steps (and the decode ceiling's) read each row's
+filled KV-cache slots only (model.decode_attention; default dense, every slot of agent.max_context). A
 finished stage's Orbax checkpoints (resume points) are deleted to bound the disk. Progress goes to
 stderr; $OUT/ppo_bench.json is rewritten after every stage when $OUT is set (a run cut short keeps
 what it measured); a section is appended to bench/RESULTS.md unless --no-results; ONE JSON line
@@ -69,7 +71,7 @@ def overrides(args) -> dict:
                                  for name in configuration.load_config("ppo").model.arch}
   real_prompt = {} if args.quick else {"model.arch.vocab_size": LLAMA3_VOCAB, "agent.one_shot": True}
   return {**shape, **real_prompt,
-          "model.dtype": "bfloat16", "model.param_dtype": "bfloat16",
+          "model.dtype": "bfloat16", "model.param_dtype": "bfloat16", "model.decode_attention": args.decode_attention,
           "sft.finetune": "lora", "prm.finetune": "lora", "ppo.finetune": "lora",
           "env.num_envs": args.num_envs, "env.pool_workers": args.workers, "env.search_backend": "bm25",
           "env.max_steps": args.max_steps,
@@ -215,6 +217,8 @@ def main() -> None:
   parser.add_argument("--max-steps", type=int, default=5)
   parser.add_argument("--max-new-tokens", type=int, default=64)
   parser.add_argument("--workers", type=int, default=8, help="EnvPool worker processes")
+  parser.add_argument("--decode-attention", default="dense", choices=("dense", "ragged"),
+                      help="model.decode_attention of the rollouts (and of the decode ceiling)")
   parser.add_argument("--workdir", default="", help="keep the workspace here (default: a temporary one, removed)")
   parser.add_argument("--no-results", action="store_true", help="do not append to bench/RESULTS.md")
   args = parser.parse_args()

@@ -8,7 +8,9 @@ generation (Sampler.extend: prefilling prompts and observations, + generate: dec
 (EnvPool.reset + step). Random weights: every turn decodes the full --max-new-tokens (no stop fires)
 and acts invalidly, so every episode runs --max-steps turns: the generation-heaviest case. Compilation is excluded (a warm-up round runs
 first). Each pool size runs with the shared prompt prefix (its keys/values prefilled once and copied
-into each new episode's row) and without it (every row prefills the whole prompt), side by side.
+into each new episode's row) and without it (every row prefills the whole prompt), side by side;
+--decode-attention dense,ragged also runs each with both decode attentions (model.decode_attention:
+the masked read of all --max-context slots, or the Pallas kernel reading each row's filled slots).
 Each pool size's ceiling is measured in the same process (unless --no-ceilings): pure batched
 decode (bench/model_bench.py) at as many rows, a --ceiling-prompt-token context and --max-new-tokens
 new tokens; each row's generated tokens/s is reported as a fraction of it. The tokenizer is the
@@ -96,6 +98,13 @@ def build_policy(args, cfg, tokenizer):
   return model_cfg, model
 
 
+def decode_variant(model_cfg: LlamaConfig, attention: str) -> tuple[LlamaConfig, nnx.GraphDef]:
+  """The model config and graph with another decode attention (the parameters are the same)."""
+  variant_cfg = model_cfg.replace(decode_attention=attention)
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: Llama(variant_cfg, rngs=nnx.Rngs(0))))
+  return variant_cfg, graphdef
+
+
 def measure(args, cfg, tokenizer, model_cfg, graphdef, params, num_envs: int, share_prefix: bool) -> dict:
   tasks = common.split_tasks(cfg, cfg.env.train_split, None)
   sampler = common.make_sampler(cfg, model_cfg, graphdef, tokenizer, mesh=None, batch_size=num_envs)
@@ -114,7 +123,7 @@ def measure(args, cfg, tokenizer, model_cfg, graphdef, params, num_envs: int, sh
     summary = run(pool=pool, tasks=tasks[num_envs:num_envs + episodes_total], rng=jax.random.key(2))
     seconds = time.perf_counter() - start
   return {
-      "num_envs": num_envs, "shared_prefix": summary["prefix_tokens"],
+      "num_envs": num_envs, "shared_prefix": summary["prefix_tokens"], "decode_attention": model_cfg.decode_attention,
       "episodes": summary["episodes"], "seconds": round(seconds, 2),
       "episodes_per_s": round(summary["episodes"] / seconds, 3),
       "gen_tokens_per_s": round(summary["generated_tokens"] / seconds, 1),
@@ -135,20 +144,24 @@ def append_results(args, results: list[dict], machine: str) -> None:
            f"- commit: {commit}; preset {args.preset}, random weights, max_new_tokens {args.max_new_tokens}, "
            f"max_steps {args.max_steps}, max_context {args.max_context}, search backend {args.search_backend or 'default'}, "
            f"one-shot prompt {args.one_shot}\n",
-           "| envs | shared prefix (tokens) | episodes | episodes/s | gen tokens/s | env steps/s | generation share (extend) | "
-           "env share | pure decode tokens/s | fraction of decode |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
-  lines += [f"| {r['num_envs']} | {r['shared_prefix'] or 'off'} | {r['episodes']} | {r['episodes_per_s']} | "
+           "| envs | shared prefix (tokens) | decode attention | episodes | episodes/s | gen tokens/s | env steps/s | "
+           "generation share (extend) | env share | pure decode tokens/s | fraction of decode |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+  lines += [f"| {r['num_envs']} | {r['shared_prefix'] or 'off'} | {r['decode_attention']} | {r['episodes']} | "
+            f"{r['episodes_per_s']} | "
             f"{r['gen_tokens_per_s']} | {r['env_steps_per_s']} | {r['generation_share']} ({r['extend_share']}) | {r['env_share']} | "
             f"{r.get('decode_tok_s', 'n/a')} | {r.get('fraction_of_decode', 'n/a')} |" for r in results]
   if any("decode_tok_s" in r for r in results):
     lines += ["", f"Pure decode: the same rows, a {args.ceiling_prompt}-token context, {args.max_new_tokens} new "
-              "tokens, greedy, in this process (bench/model_bench.py's bench_decode)."]
+              "tokens, greedy, dense attention over a cache of just those slots, in this process "
+              "(bench/model_bench.py's bench_decode)."]
   pairs = [(on, off) for on in results for off in results
-           if on["num_envs"] == off["num_envs"] and on["shared_prefix"] and not off["shared_prefix"]]
+           if on["num_envs"] == off["num_envs"] and on["decode_attention"] == off["decode_attention"]
+           and on["shared_prefix"] and not off["shared_prefix"]]
   if pairs:
     lines += ["", "Shared prefix on / off, generated tokens/s: " + ", ".join(
-        f"{on['num_envs']} envs {on['gen_tokens_per_s'] / off['gen_tokens_per_s']:.2f}x" for on, off in pairs)]
+        f"{on['num_envs']} envs ({on['decode_attention']}) {on['gen_tokens_per_s'] / off['gen_tokens_per_s']:.2f}x"
+        for on, off in pairs)]
   if not RESULTS.exists():
     RESULTS.write_text("# Benchmark results\n\nAppend-only: one section per run (date, machine, command, results).\n")
   with RESULTS.open("a") as f:
@@ -170,6 +183,8 @@ def main() -> None:
                       help="the real presets' prompt (instruction + demonstration, ~1.1k tokens; tiny: instruction only)")
   parser.add_argument("--prefix", choices=("both", "on", "off"), default="both",
                       help="run with the shared prompt prefix, without it, or both side by side")
+  parser.add_argument("--decode-attention", default="dense",
+                      help="comma-separated model.decode_attention values to run side by side (dense, ragged)")
   parser.add_argument("--no-ceilings", action="store_true", help="skip the pure-decode ceiling per pool size")
   parser.add_argument("--ceiling-prompt", type=int, default=1024, help="the pure-decode ceiling's context tokens")
   parser.add_argument("--no-results", action="store_true", help="do not append to bench/RESULTS.md")
@@ -183,6 +198,8 @@ def main() -> None:
   tokenizer = common.load_tokenizer(cfg, Workspace(cache))
   model_cfg, model = build_policy(args, cfg, tokenizer)
   graphdef, params = nnx.split(model)
+  variants = [(model_cfg, graphdef) if attention == model_cfg.decode_attention else decode_variant(model_cfg, attention)
+              for attention in args.decode_attention.split(",")]
   device = jax.devices()[0]
   machine = (f"{platform.machine()}, {os.cpu_count()} CPU cores, {jax.default_backend()} "
              f"({getattr(device, 'device_kind', device.platform)}), jax {jax.__version__}")
@@ -190,7 +207,8 @@ def main() -> None:
   bandwidth = None if args.no_ceilings else model_bench.copy_bandwidth_bytes_per_s(mesh)
   results = []
   for num_envs in [int(n) for n in args.num_envs.split(",")]:
-    rows = [measure(args, cfg, tokenizer, model_cfg, graphdef, params, num_envs, share_prefix)
+    rows = [measure(args, cfg, tokenizer, variant_cfg, variant_graphdef, params, num_envs, share_prefix)
+            for variant_cfg, variant_graphdef in variants
             for share_prefix in {"both": (True, False), "on": (True,), "off": (False,)}[args.prefix]]
     if bandwidth is not None:
       gc.collect()  # the rollouts' samplers (their KV caches) go before the ceiling's own

@@ -23,6 +23,8 @@ DTYPES = ("float32", "bfloat16", "float16")  # activation dtypes (model.dtype, p
 # (tests/pipeline/test_config.py) checks each equals its source.
 KL_ESTIMATORS = ("kl", "k3")  # spa_jax.training.kl.KL_ESTIMATORS
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")  # spa_jax.models.config.REMAT_POLICIES
+DECODE_ATTENTION_IMPLS = ("dense", "ragged")  # spa_jax.models.config.DECODE_ATTENTION_IMPLS
+RAGGED_SLOT_MULTIPLE = 16  # spa_jax.models.decode_attention.SLOT_MULTIPLE
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                 "lm_head")  # spa_jax.models.lora.ALL_TARGETS
 UNTRAINED = "untrained"  # the randomly initialised (tiny) or HF base model, before any training
@@ -221,6 +223,10 @@ def _base_errors(errors: list[str], cfg) -> None:
   _choice(errors, cfg, "model.dtype", DTYPES)
   _choice(errors, cfg, "model.param_dtype", ("float32", "bfloat16"))
   _choice(errors, cfg, "model.remat_policy", REMAT_POLICIES)
+  _choice(errors, cfg, "model.decode_attention", DECODE_ATTENTION_IMPLS)
+  if cfg.model.decode_attention == "ragged":
+    _check(errors, cfg, "agent.max_context", lambda v: v % RAGGED_SLOT_MULTIPLE == 0,
+           f"a multiple of {RAGGED_SLOT_MULTIPLE} with model.decode_attention='ragged' (its kernel's key blocks)")
   for field in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "vocab_size"):
     _check(errors, cfg, f"model.arch.{field}", lambda v: v is None or v >= 1, "None (the preset's) or >= 1")
   _at_least(errors, cfg, "model.lora.rank", 1)

@@ -52,13 +52,14 @@ def ppo_needs_estimator(cfg: ml_collections.ConfigDict) -> bool:
           or cfg.ppo.mode == "offline")
 
 
-# Fields that bound how long a run goes on, only watch it (PPO's held-out evaluation) or only trade
-# memory for compute (rematerialisation, the scanned layer stack), not what an iteration computes:
+# Fields that bound how long a run goes on, only watch it (PPO's held-out evaluation) or only choose
+# how the same function is computed (rematerialisation, the scanned layer stack, the decode attention's
+# kernel), not what an iteration computes:
 # changing them neither redoes a finished stage nor discards its checkpoints (a stage stopped by its
 # budget goes on from its last checkpoint with run.force; PPO seeds sharing one GPU can turn
 # rematerialisation on without redoing the SFT policy they start from).
 NOT_FINGERPRINTED = {"ppo": ("time_budget_s", "eval_every", "eval_tasks"),
-                     "model": ("remat_policy", "scan_layers")}
+                     "model": ("remat_policy", "scan_layers", "decode_attention")}
 
 
 def stage_config(stage: str, cfg: ml_collections.ConfigDict) -> dict:

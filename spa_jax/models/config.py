@@ -10,6 +10,9 @@ import jax.numpy as jnp
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn")
+# decoding with a KV cache: "dense" reads every cache slot (masked); "ragged" reads each row's filled
+# slots only (spa_jax.models.decode_attention: a Pallas GPU kernel)
+DECODE_ATTENTION_IMPLS = ("dense", "ragged")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +47,7 @@ class LlamaConfig:
   dtype: str = "float32"  # compute dtype
   remat_policy: str = "none"  # one of REMAT_POLICIES
   attention_impl: str = "auto"  # one of ATTENTION_IMPLS; "auto" = cuDNN on GPU for bf16/fp16
+  decode_attention: str = "dense"  # one of DECODE_ATTENTION_IMPLS: one-token decode steps over the KV cache
   # cache-free forwards (training, scoring) run the layers as one lax.scan: one compiled layer body
   scan_layers: bool = True
 
@@ -59,6 +63,8 @@ class LlamaConfig:
       raise ValueError(f"remat_policy={self.remat_policy!r}; choose one of {REMAT_POLICIES}.")
     if self.attention_impl not in ATTENTION_IMPLS:
       raise ValueError(f"attention_impl={self.attention_impl!r}; choose one of {ATTENTION_IMPLS}.")
+    if self.decode_attention not in DECODE_ATTENTION_IMPLS:
+      raise ValueError(f"decode_attention={self.decode_attention!r}; choose one of {DECODE_ATTENTION_IMPLS}.")
     for name in ("param_dtype", "dtype"):
       jnp.dtype(getattr(self, name))  # raises TypeError naming a bad dtype
     if isinstance(self.rope_scaling, dict):

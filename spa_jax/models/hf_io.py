@@ -110,7 +110,7 @@ def load_hf(
   safetensors files to their NamedShardings, so host RAM never holds two copies of the weights
   (peak: the already-loaded device arrays plus about one tensor). `overrides` replace LlamaConfig
   fields that are run settings, not architecture (param_dtype: the stored dtype, dtype: compute,
-  remat_policy, scan_layers); None values are ignored.
+  remat_policy, scan_layers, decode_attention); None values are ignored.
   """
   directory = Path(path)
   if cfg is None:

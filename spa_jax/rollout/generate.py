@@ -25,6 +25,11 @@ ones run in several chunks), decode writes into a [batch, bucket(max_new_tokens)
 `lax.while_loop`. Temperature, top-p, token limits and lengths are arrays, so changing them does
 not recompile. Padding is parked at position `max_len`, where cache writes are dropped.
 
+Decode steps attend over the cache as the model's `decode_attention` says: "dense" reads all
+`max_len` slots of every row at every step; "ragged" only each running row's filled slots
+(`spa_jax.models.decode_attention`), so a cache sized for the longest episode costs nothing while
+the rows are short.
+
 Multi-process: every process passes the same global rows/tokens (the arrays are assembled from
 them by `make_array_from_callback`) and gets the same outputs back.
 """
@@ -42,6 +47,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from spa_jax.models.config import LlamaConfig
+from spa_jax.models.decode_attention import kernel_blocks
 from spa_jax.models.kv_cache import CACHE_LOGICAL_AXES, KVCache
 from spa_jax.models.tokenizer import Tokenizer
 from spa_jax.rollout.sampling import sample_tokens
@@ -104,6 +110,8 @@ class Sampler:
                 f"tokenizer vocabulary ({tokenizer.vocab_size}) exceeds the model's ({cfg.vocab_size}); "
                 "build the model with vocab_size >= the tokenizer's"
             )
+        if cfg.decode_attention == "ragged":
+            kernel_blocks(max_len)  # ValueError naming the fix when its kernel cannot tile the cache
         buckets = sorted({min(int(b), max_len) for b in length_buckets})
         if batch_size < 1 or max_len < 2 or not buckets or buckets[0] < 1:
             raise ValueError(

@@ -177,9 +177,11 @@ def model_config(cfg: ml_collections.ConfigDict, tokenizer: Tokenizer) -> LlamaC
 
 def run_settings(cfg: ml_collections.ConfigDict, dtype: str = "") -> dict:
   """The LlamaConfig fields that config.model sets whatever a checkpoint's config.json says:
-  parameter and compute dtypes (`dtype` overrides model.dtype), the remat policy and layer scanning."""
+  parameter and compute dtypes (`dtype` overrides model.dtype), the remat policy, layer scanning and
+  the decode attention."""
   return dict(dtype=dtype or cfg.model.dtype, param_dtype=cfg.model.param_dtype,
-              remat_policy=cfg.model.remat_policy, scan_layers=cfg.model.scan_layers)
+              remat_policy=cfg.model.remat_policy, scan_layers=cfg.model.scan_layers,
+              decode_attention=cfg.model.decode_attention)
 
 
 def make_mesh(cfg: ml_collections.ConfigDict) -> jax.sharding.Mesh:

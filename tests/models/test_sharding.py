@@ -101,7 +101,10 @@ def _multi_device_checks():
 
   graphdef, plain_state = nnx.split(plain)
   want_btv, _ = forward_fn(graphdef)(plain_state, tokens_bt, positions_bt, None)
-  want_cached_btv, _ = forward_fn(graphdef)(plain_state, tokens_bt, positions_bt, KVCache.init(cfg, 4, 16))
+  want_cached_btv, want_cache = forward_fn(graphdef)(plain_state, tokens_bt, positions_bt, KVCache.init(cfg, 4, 16))
+  # one decode step after the 12 prefilled tokens (rows 1 and 3 parked: their positions are max_len)
+  step_b1, step_positions_b1 = tokens_bt[:, :1], jnp.array([[12], [16], [12], [16]])
+  want_step_b1v, _ = forward_fn(graphdef)(plain_state, step_b1, step_positions_b1, want_cache)
 
   batch_sharding = logical_to_sharding(("batch", "length"), mesh)
   with jax.set_mesh(mesh):
@@ -130,6 +133,17 @@ def _multi_device_checks():
   for (path, want), (_, got) in zip(nnx.to_flat_state(want_grads), nnx.to_flat_state(got_grads)):
     np.testing.assert_allclose(np.asarray(got.get_value()), np.asarray(want.get_value()), atol=1e-6, err_msg=str(path))
   np.testing.assert_allclose(np.asarray(got_cached_btv), np.asarray(want_cached_btv), atol=1e-5)
+  # Ragged decode attention (a Pallas call in shard_map over the cache's batch and kv-head shards):
+  # the decode step's logits equal the dense masked read's, and the cache keeps its sharding.
+  cache_spec = cache.k[0].sharding.spec
+  assert tuple(cache_spec[:2]) == (("data", "fsdp"), "tensor"), cache_spec
+  ragged = create_sharded(lambda: Llama(cfg.replace(decode_attention="ragged"), rngs=nnx.Rngs(0)), mesh)
+  with jax.set_mesh(mesh):
+    ragged_graphdef, ragged_state = nnx.split(ragged)
+    got_step_b1v, step_cache = forward_fn(ragged_graphdef)(
+        ragged_state, jax.device_put(step_b1, batch_sharding), jax.device_put(step_positions_b1, batch_sharding), cache)
+  assert step_cache.k[0].sharding.spec == cache_spec
+  np.testing.assert_allclose(np.asarray(got_step_b1v)[::2], np.asarray(want_step_b1v)[::2], atol=1e-5)
   assert len(got_btv.sharding.device_set) == 8
 
   # load_hf streams each tensor onto its shards.

@@ -63,6 +63,7 @@ def test_unknown_preset_is_rejected():
     ("model.lora.targets", "q_proj,qkv", "config.model.lora.targets='q_proj,qkv': must be comma-separated names"),
     ("model.lora.targets", "q_proj, v_proj", "config.model.lora.targets='q_proj, v_proj': must be comma-separated"),
     ("model.remat_policy", "some", "config.model.remat_policy='some': must be one of ('none', 'full', 'dots', 'dots_no_batch')"),
+    ("model.decode_attention", "flash", "config.model.decode_attention='flash': must be one of ('dense', 'ragged')"),
     ("sft.context_loss_weight", -0.5, "config.sft.context_loss_weight=-0.5: must be >= 0.0"),
     ("sft.schedule", "cosin", "config.sft.schedule='cosin': must be one of ('cosine', 'constant')"),
     ("sft.length_bucket", 0, "config.sft.length_bucket=0: must be >= 1"),
@@ -95,6 +96,16 @@ def test_bad_values_are_named(path, value, message):
   assert message in str(error.value)
 
 
+def test_ragged_decode_attention_needs_a_kv_cache_its_kernel_can_tile():
+  cfg = configuration.load_config("eval")
+  cfg.update_from_flattened_dict({"model.decode_attention": "ragged", "agent.max_context": 2040})
+  with pytest.raises(ValueError, match=r"config.agent.max_context=2040: must be a multiple of 16 with "
+                                       r"model.decode_attention='ragged'"):
+    configuration.validate(cfg)
+  cfg.agent.max_context = 2048
+  configuration.validate(cfg)
+
+
 def test_offline_ppo_needs_held_out_trajectories():
   cfg = configuration.load_config("ppo")
   cfg.ppo.mode = "offline"
@@ -105,13 +116,16 @@ def test_offline_ppo_needs_held_out_trajectories():
 
 
 def test_choice_lists_equal_the_modules_they_copy():
-  from spa_jax.models.config import REMAT_POLICIES
+  from spa_jax.models.config import DECODE_ATTENTION_IMPLS, REMAT_POLICIES
+  from spa_jax.models.decode_attention import SLOT_MULTIPLE
   from spa_jax.models.lora import ALL_TARGETS
   from spa_jax.training.kl import KL_ESTIMATORS
   from spa_jax.training.rewards import GROUNDING_FORMS, REWARD_MODES
   assert configuration.LORA_TARGETS == ALL_TARGETS
   assert configuration.KL_ESTIMATORS == KL_ESTIMATORS
   assert configuration.REMAT_POLICIES == REMAT_POLICIES
+  assert configuration.DECODE_ATTENTION_IMPLS == DECODE_ATTENTION_IMPLS
+  assert configuration.RAGGED_SLOT_MULTIPLE == SLOT_MULTIPLE
   assert configuration.REWARD_MODES == REWARD_MODES
   assert configuration.GROUNDING_FORMS == tuple(GROUNDING_FORMS)
 

@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from spa_jax.models import llama
 from spa_jax.models.config import LlamaConfig
+from spa_jax.models.decode_attention import ragged_decode_attention
 from spa_jax.models.llama import Llama
 from spa_jax.models.tokenizer import SentencePieceTokenizer
 from spa_jax.rollout.generate import Sampler
@@ -358,3 +360,38 @@ def test_a_shared_prefix_gives_the_tokens_and_logprobs_of_prefilling_each_row(to
 def _greedy(sampler, params, state):
     _, reply = sampler.generate(params, state, [True] * BATCH, rng=jax.random.key(0), max_new_tokens=MAX_NEW)
     return reply.token_ids, reply.logprobs
+
+
+def test_ragged_decode_attention_samples_the_dense_reads_tokens_and_logprobs(tok, model_parts, sampler, params,
+                                                                              reference_logprobs, monkeypatch):
+    """A sampler whose decode steps read each row's filled slots only (the Pallas kernel, interpreted
+    on CPU) gives the dense sampler's tokens and log-probs over two turns, greedy and sampled, with a
+    row that ends early; its greedy tokens are the full forward's argmax."""
+    cfg, _, _ = model_parts
+    ragged_cfg = cfg.replace(decode_attention="ragged")
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: Llama(ragged_cfg, rngs=nnx.Rngs(0))))  # the model holds its cfg
+    ragged = Sampler(graphdef, ragged_cfg, tok, batch_size=BATCH, max_len=MAX_LEN, length_buckets=(32,))
+    traced = []  # the layers' decode steps trace the kernel (once per layer), extensions do not
+    monkeypatch.setattr(llama, "ragged_decode_attention",
+                        lambda *args: traced.append(args[0].shape) or ragged_decode_attention(*args))
+    prompts = prompt_ids(tok, PROMPTS)
+    observation = tok.encode_turn_suffix([{"role": "user", "content": "Observation: ok"}])[0]
+    replies = {}
+    for name, each in (("dense", sampler), ("ragged", ragged)):
+        state = fresh_with_prompts(each, params, prompts)
+        turns = []
+        for turn, temperature in enumerate((0.0, 1.0)):
+            state, out = each.generate(params, state, [True, turn == 0, True], rng=jax.random.key(turn),
+                                       max_new_tokens=MAX_NEW, temperature=temperature)
+            turns.append(out)
+            state = each.extend(params, state, [0, 2], [observation, observation])
+        replies[name] = turns
+    assert traced == [(BATCH, cfg.num_heads, cfg.head_dim)] * cfg.num_layers
+    for dense, ragged_out in zip(replies["dense"], replies["ragged"]):
+        assert ragged_out.token_ids == dense.token_ids and ragged_out.finish_reasons == dense.finish_reasons
+        for a, b in zip(ragged_out.logprobs, dense.logprobs):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+    first = replies["ragged"][0]
+    assert_greedy_continuations(reference_logprobs, prompts, first.token_ids, first.logprobs)
+    with pytest.raises(ValueError, match="multiple of 16 slots, got 90: set config.agent.max_context=96"):
+        Sampler(graphdef, ragged_cfg, tok, batch_size=BATCH, max_len=90)

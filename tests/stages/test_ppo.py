@@ -14,6 +14,8 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file
 
+from spa_jax.models import llama
+from spa_jax.models.decode_attention import ragged_decode_attention
 from spa_jax.stages import common, eval as eval_stage, label, ppo, prm
 from spa_jax.rollout.trajectory_store import read_trajectories
 from spa_jax.tracking import peak_memory_gb, read_metrics
@@ -204,14 +206,18 @@ def test_sampling_model_and_export_leave_the_train_state_unchanged(tmp_path_fact
 
 
 @pytest.mark.slow
-def test_online_iteration_invariants(tmp_path_factory, tmp_path):
+@pytest.mark.parametrize("decode_attention", ["dense", "ragged"])
+def test_online_iteration_invariants(tmp_path_factory, tmp_path, decode_attention, monkeypatch):
   """On the policy's own fresh samples: the sampler's recorded log-probs are the update's old-policy
-  log-probs; only sampled tokens are trained on; KL to the (unchanged) reference is 0, to a perturbed
-  reference positive; a policy moved away from the reference also samples a positive KL."""
+  log-probs (with either decode attention: every cache slot read, or each row's filled slots only);
+  only sampled tokens are trained on; KL to the (unchanged) reference is 0, to a perturbed reference
+  positive; a policy moved away from the reference also samples a positive KL."""
   ws = Workspace(workspace_copy(tmp_path_factory, tmp_path))
   cfg = make_config(ws.root, {**ONLINE, "ppo.rollouts_per_iteration": 4, "ppo.mini_batch_size": 2,
                               "ppo.max_new_tokens": 24, "ppo.reward_modes": "sparse",
-                              "eval.policies": "sft,ppo_sparse"})
+                              "eval.policies": "sft,ppo_sparse", "model.decode_attention": decode_attention})
+  traced = []  # the ragged kernel's traces (one per layer of each compiled decode loop)
+  monkeypatch.setattr(llama, "ragged_decode_attention", lambda *args: traced.append(1) or ragged_decode_attention(*args))
   shared = ppo.Shared(cfg=cfg, ws=ws, tokenizer=common.load_tokenizer(cfg, ws), mesh=common.make_mesh(cfg))
   _, state = ppo.initial_state(cfg, ws, shared.mesh, ppo.optimizers(cfg))
   eot = shared.tokenizer.end_of_turn_id
@@ -237,6 +243,7 @@ def test_online_iteration_invariants(tmp_path_factory, tmp_path):
         assert ppo.targets_batch(perturbed, state, batch, kl_coef=0.05)[1]["kl"] > 0.5
       else:  # a policy away from the reference: its own samples show it
         assert stats["kl"] > 0.5
+  assert bool(traced) == (decode_attention == "ragged")
 
 
 @pytest.mark.slow
