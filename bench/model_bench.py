@@ -11,15 +11,16 @@
     new tokens/s, against the memory-bandwidth roofline: batch / (bytes read per decode step,
     weights + the KV cache of the average context, at the device copy bandwidth (read + write
     traffic) measured in the same process; the figure at 4.16 TB/s is reported beside it).
-    --decode-slots sizes the KV cache past the context (as agent.max_context does in rollouts) and
-    --decode-attention dense,ragged compares the masked read of every slot with the Pallas kernel
-    that reads each row's filled slots only (model.decode_attention), side by side.
+    --decode-slots 0,4096 sizes the KV cache to the context and past it (as agent.max_context does in
+    rollouts) and --decode-attention dense,ragged compares the masked read of every slot with the
+    Pallas kernel that reads each row's filled slots only (model.decode_attention), side by side.
 
 Ends with one JSON line on stdout; with $OUT set, also writes $OUT/model_bench.json. Run
 `../shared/bench/torch_baseline.py` in the same call for ratios.
 """
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -179,8 +180,8 @@ def main():
   parser.add_argument("--skip-decode", action="store_true")
   parser.add_argument("--train-batches", default="8,16")
   parser.add_argument("--decode-batches", default="64,256")
-  parser.add_argument("--decode-slots", type=int, default=0,
-                      help="KV cache slots per row (0: prompt + new tokens; e.g. 4096 as agent.max_context)")
+  parser.add_argument("--decode-slots", default="0",
+                      help="comma-separated KV cache slots per row to compare (0: prompt + new tokens; e.g. 0,4096)")
   parser.add_argument("--decode-attention", default="dense",
                       help="comma-separated model.decode_attention values to compare (dense, ragged)")
   parser.add_argument("--remat", default=None, help="remat policy override (e.g. none, full)")
@@ -209,12 +210,12 @@ def main():
     result["copy_TBps"] = bandwidth / 1e12
     for batch in map(int, args.decode_batches.split(",")):
       batch = 4 if args.quick else batch
-      for attention in args.decode_attention.split(","):
-        key = f"decode_B{batch}_P{prompt}_N{new_tokens}" + (f"_S{args.decode_slots}" if args.decode_slots else "")
+      for slots, attention in itertools.product(map(int, args.decode_slots.split(",")), args.decode_attention.split(",")):
+        key = f"decode_B{batch}_P{prompt}_N{new_tokens}" + (f"_S{slots}" if slots else "")
         key += "" if attention == "dense" else f"_{attention}"
         try:
           result[key] = bench_decode(cfg.replace(decode_attention=attention), mesh, batch, prompt, new_tokens,
-                                     bandwidth, args.decode_slots)
+                                     bandwidth, slots)
         except Exception as error:  # noqa: BLE001
           result[key] = f"failed: {type(error).__name__}: {str(error)[:300]}"
         print(json.dumps(result), flush=True)
