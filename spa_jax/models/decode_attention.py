@@ -55,7 +55,8 @@ def ragged_decode_attention(q_bnh, keys_bksh, values_bksh, lengths_b) -> jax.Arr
 
   def attend(q_bnh, keys_bksh, values_bksh, lengths_b):
     # gqa takes keys as [batch, slots, kv_heads, head_dim] and swaps them back to the cache's layout
-    # before the kernel: the two transposes cancel in XLA (no copy of the cache)
+    # for the kernel; XLA's simplifier folds the pair of transposes (whether the GPU program then
+    # reads the cache in place is for bench/model_bench.py --decode-attention dense,ragged to show)
     return pallas_decode.gqa(
         q_bnh.astype(keys_bksh.dtype), jnp.swapaxes(keys_bksh, 1, 2), jnp.swapaxes(values_bksh, 1, 2),
         kv_seq_len=lengths_b, block_k=block_k, k_splits=k_splits, interpret=backend == "cpu",
