@@ -54,7 +54,9 @@ class Stopwatch:
     self.seconds = collections.defaultdict(float)
     self.env_steps = 0
 
-  def wrap(self, obj, label: str, *methods: str) -> None:
+  def wrap(self, obj, label: str, *methods: str, wait=None) -> None:
+    """Times `methods` of `obj` under `label`; `wait(result)` blocks until the device work the call
+    dispatched is done (JAX returns before it is, and the next blocking call would be charged)."""
     for name in methods:
       original = getattr(obj, name)
 
@@ -62,7 +64,10 @@ class Stopwatch:
       def timed(*args, _original=original, **kwargs):
         start = time.perf_counter()
         try:
-          return _original(*args, **kwargs)
+          result = _original(*args, **kwargs)
+          if wait is not None:
+            wait(result)
+          return result
         finally:
           self.seconds[label] += time.perf_counter() - start
 
@@ -114,7 +119,7 @@ def measure(args, cfg, tokenizer, model_cfg, graphdef, params, num_envs: int, sh
   with common.open_pool(cfg, num_envs) as pool:
     run(pool=pool, tasks=tasks[:num_envs], rng=jax.random.key(1))  # warm-up: compiles every shape
     watch = Stopwatch()
-    watch.wrap(sampler, "extend", "extend")
+    watch.wrap(sampler, "extend", "extend", wait=lambda state: state.pending_b.block_until_ready())
     watch.wrap(sampler, "generate", "generate")
     watch.wrap(pool, "env", "reset", "step")
     watch.count_steps(pool)
