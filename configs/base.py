@@ -91,9 +91,10 @@ def get_base_config(preset: str = TINY) -> ml_collections.ConfigDict:
       # one layer body instead of num_layers copies (bench/compile_bench.py), for a transient copy of
       # the layer parameters (and of their gradients when they train); decoding is unscanned
       scan_layers=True,
-      # decode steps' attention over the KV cache: "dense" reads every slot of agent.max_context (XLA,
-      # any backend); "ragged" reads each row's filled slots only (a Pallas kernel for NVIDIA GPUs;
-      # CPU runs it interpreted, slowly; not TPU; agent.max_context a multiple of 16)
+      # sampling's attention over the KV cache (prefill chunks and decode steps): "dense" reads every
+      # slot of agent.max_context (XLA, any backend); "ragged" reads each row's filled slots only (a
+      # Pallas kernel for NVIDIA GPUs; CPU runs it interpreted, slowly; not TPU; agent.max_context a
+      # multiple of 16)
       decode_attention="dense",
       lora=ml_collections.ConfigDict(dict(rank=8, alpha=16.0, targets="q_proj,v_proj")),
   ))

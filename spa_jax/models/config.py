@@ -10,8 +10,8 @@ import jax.numpy as jnp
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn")
-# decoding with a KV cache: "dense" reads every cache slot (masked); "ragged" reads each row's filled
-# slots only (spa_jax.models.decode_attention: a Pallas GPU kernel)
+# attention over a KV cache (prefill chunks and decode steps): "dense" reads every cache slot (masked);
+# "ragged" reads each row's filled slots only (spa_jax.models.decode_attention: a Pallas GPU kernel)
 DECODE_ATTENTION_IMPLS = ("dense", "ragged")
 
 
@@ -47,7 +47,7 @@ class LlamaConfig:
   dtype: str = "float32"  # compute dtype
   remat_policy: str = "none"  # one of REMAT_POLICIES
   attention_impl: str = "auto"  # one of ATTENTION_IMPLS; "auto" = cuDNN on GPU for bf16/fp16
-  decode_attention: str = "dense"  # one of DECODE_ATTENTION_IMPLS: one-token decode steps over the KV cache
+  decode_attention: str = "dense"  # one of DECODE_ATTENTION_IMPLS: forwards with a KV cache
   # cache-free forwards (training, scoring) run the layers as one lax.scan: one compiled layer body
   scan_layers: bool = True
 

@@ -27,7 +27,7 @@ import numpy as np
 from flax import nnx
 
 from spa_jax.models.config import LlamaConfig
-from spa_jax.models.decode_attention import ragged_decode_attention
+from spa_jax.models.decode_attention import ragged_cached_attention
 from spa_jax.models.kv_cache import KVCache
 from spa_jax.sharding import constrain, variable_logical_axes
 
@@ -189,9 +189,8 @@ class Attention(nnx.Module):
       out_btnh = causal_attention(q_btnh, k_btkh, v_btkh, attn_mask_bt, cfg)
     else:
       cache = cache.write_layer(layer, positions_bt, k_btkh, v_btkh)
-      if t == 1 and cfg.decode_attention == "ragged":  # a decode step: read each row's slots 0..position
-        lengths_b = jnp.where(positions_bt[:, 0] < cache.max_len, positions_bt[:, 0] + 1, 0)  # parked: none
-        out_btnh = ragged_decode_attention(q_btnh[:, 0], cache.k[layer], cache.v[layer], lengths_b)[:, None]
+      if cfg.decode_attention == "ragged":  # each row's slots before the chunk (untouched by the write), then the chunk
+        out_btnh = ragged_cached_attention(q_btnh, k_btkh, v_btkh, cache.k[layer], cache.v[layer], positions_bt[:, 0])
       else:
         out_btnh = cached_attention(q_btnh, cache.k[layer], cache.v[layer], positions_bt)
     out_btd = self.o_proj(out_btnh.reshape(b, t, cfg.num_heads * cfg.head_dim))

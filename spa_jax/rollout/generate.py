@@ -25,8 +25,8 @@ ones run in several chunks), decode writes into a [batch, bucket(max_new_tokens)
 `lax.while_loop`. Temperature, top-p, token limits and lengths are arrays, so changing them does
 not recompile. Padding is parked at position `max_len`, where cache writes are dropped.
 
-Decode steps attend over the cache as the model's `decode_attention` says: "dense" reads all
-`max_len` slots of every row at every step; "ragged" only each running row's filled slots
+Extensions and decode steps attend over the cache as the model's `decode_attention` says: "dense"
+reads all `max_len` slots of every row; "ragged" only each row's filled slots
 (`spa_jax.models.decode_attention`), so a cache sized for the longest episode costs nothing while
 the rows are short.
 
@@ -47,7 +47,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from spa_jax.models.config import LlamaConfig
-from spa_jax.models.decode_attention import kernel_blocks
+from spa_jax.models.decode_attention import SLOT_MULTIPLE, kernel_blocks
 from spa_jax.models.kv_cache import CACHE_LOGICAL_AXES, KVCache
 from spa_jax.models.tokenizer import Tokenizer
 from spa_jax.rollout.sampling import sample_tokens
@@ -164,7 +164,8 @@ class Sampler:
         tokens = tuple(int(t) for t in tokens)
         if not 2 <= len(tokens) < self.max_len:
             return None
-        width = min(_next_power_of_two(len(tokens)), self.max_len)  # one compiled shape per power of two
+        # one compiled shape per power of two, at least the ragged kernel's smallest key block
+        width = min(max(_next_power_of_two(len(tokens)), SLOT_MULTIPLE), self.max_len)
         tokens_1l = np.full((1, width), self.tokenizer.pad_id, np.int32)
         tokens_1l[0, : len(tokens)] = tokens
         with self._mesh_context():

@@ -133,16 +133,20 @@ def _multi_device_checks():
   for (path, want), (_, got) in zip(nnx.to_flat_state(want_grads), nnx.to_flat_state(got_grads)):
     np.testing.assert_allclose(np.asarray(got.get_value()), np.asarray(want.get_value()), atol=1e-6, err_msg=str(path))
   np.testing.assert_allclose(np.asarray(got_cached_btv), np.asarray(want_cached_btv), atol=1e-5)
-  # Ragged decode attention (a Pallas call in shard_map over the cache's batch and kv-head shards):
-  # the decode step's logits equal the dense masked read's, and the cache keeps its sharding.
+  # Ragged attention over the cache (a Pallas call in shard_map over the cache's batch and kv-head
+  # shards): the prefill's and the decode step's logits equal the dense masked read's, and the cache
+  # keeps its sharding.
   cache_spec = cache.k[0].sharding.spec
   assert tuple(cache_spec[:2]) == (("data", "fsdp"), "tensor"), cache_spec
   ragged = create_sharded(lambda: Llama(cfg.replace(decode_attention="ragged"), rngs=nnx.Rngs(0)), mesh)
   with jax.set_mesh(mesh):
     ragged_graphdef, ragged_state = nnx.split(ragged)
-    got_step_b1v, step_cache = forward_fn(ragged_graphdef)(
+    ragged_forward = forward_fn(ragged_graphdef)
+    got_prefill_btv, _ = ragged_forward(ragged_state, tokens_sharded, positions_sharded, KVCache.init(cfg, 4, 16))
+    got_step_b1v, step_cache = ragged_forward(
         ragged_state, jax.device_put(step_b1, batch_sharding), jax.device_put(step_positions_b1, batch_sharding), cache)
   assert step_cache.k[0].sharding.spec == cache_spec
+  np.testing.assert_allclose(np.asarray(got_prefill_btv), np.asarray(want_cached_btv), atol=1e-5)
   np.testing.assert_allclose(np.asarray(got_step_b1v)[::2], np.asarray(want_step_b1v)[::2], atol=1e-5)
   assert len(got_btv.sharding.device_set) == 8
 

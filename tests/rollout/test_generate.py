@@ -19,7 +19,7 @@ from flax import nnx
 
 from spa_jax.models import llama
 from spa_jax.models.config import LlamaConfig
-from spa_jax.models.decode_attention import ragged_decode_attention
+from spa_jax.models.decode_attention import ragged_cached_attention
 from spa_jax.models.llama import Llama
 from spa_jax.models.tokenizer import SentencePieceTokenizer
 from spa_jax.rollout.generate import Sampler
@@ -364,16 +364,16 @@ def _greedy(sampler, params, state):
 
 def test_ragged_decode_attention_samples_the_dense_reads_tokens_and_logprobs(tok, model_parts, sampler, params,
                                                                               reference_logprobs, monkeypatch):
-    """A sampler whose decode steps read each row's filled slots only (the Pallas kernel, interpreted
-    on CPU) gives the dense sampler's tokens and log-probs over two turns, greedy and sampled, with a
-    row that ends early; its greedy tokens are the full forward's argmax."""
+    """A sampler whose extensions and decode steps read each row's filled slots only (the Pallas
+    kernel, interpreted on CPU) gives the dense sampler's tokens and log-probs over two turns, greedy
+    and sampled, with a row that ends early; its greedy tokens are the full forward's argmax."""
     cfg, _, _ = model_parts
     ragged_cfg = cfg.replace(decode_attention="ragged")
     graphdef, _ = nnx.split(nnx.eval_shape(lambda: Llama(ragged_cfg, rngs=nnx.Rngs(0))))  # the model holds its cfg
     ragged = Sampler(graphdef, ragged_cfg, tok, batch_size=BATCH, max_len=MAX_LEN, length_buckets=(32,))
-    traced = []  # the layers' decode steps trace the kernel (once per layer), extensions do not
-    monkeypatch.setattr(llama, "ragged_decode_attention",
-                        lambda *args: traced.append(args[0].shape) or ragged_decode_attention(*args))
+    traced = []  # chunk widths of the kernel's traces: one per layer of each compiled extension / decode loop
+    monkeypatch.setattr(llama, "ragged_cached_attention",
+                        lambda *args: traced.append(args[0].shape[1]) or ragged_cached_attention(*args))
     prompts = prompt_ids(tok, PROMPTS)
     observation = tok.encode_turn_suffix([{"role": "user", "content": "Observation: ok"}])[0]
     replies = {}
@@ -386,7 +386,7 @@ def test_ragged_decode_attention_samples_the_dense_reads_tokens_and_logprobs(tok
             turns.append(out)
             state = each.extend(params, state, [0, 2], [observation, observation])
         replies[name] = turns
-    assert traced == [(BATCH, cfg.num_heads, cfg.head_dim)] * cfg.num_layers
+    assert sorted(traced) == [1] * cfg.num_layers + [32] * cfg.num_layers  # decode steps; 32-token chunks
     for dense, ragged_out in zip(replies["dense"], replies["ragged"]):
         assert ragged_out.token_ids == dense.token_ids and ragged_out.finish_reasons == dense.finish_reasons
         for a, b in zip(ragged_out.logprobs, dense.logprobs):

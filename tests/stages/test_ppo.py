@@ -15,7 +15,7 @@ from flax import nnx
 from safetensors.numpy import load_file
 
 from spa_jax.models import llama
-from spa_jax.models.decode_attention import ragged_decode_attention
+from spa_jax.models.decode_attention import ragged_cached_attention
 from spa_jax.stages import common, eval as eval_stage, label, ppo, prm
 from spa_jax.rollout.trajectory_store import read_trajectories
 from spa_jax.tracking import peak_memory_gb, read_metrics
@@ -217,7 +217,7 @@ def test_online_iteration_invariants(tmp_path_factory, tmp_path, decode_attentio
                               "ppo.max_new_tokens": 24, "ppo.reward_modes": "sparse",
                               "eval.policies": "sft,ppo_sparse", "model.decode_attention": decode_attention})
   traced = []  # the ragged kernel's traces (one per layer of each compiled decode loop)
-  monkeypatch.setattr(llama, "ragged_decode_attention", lambda *args: traced.append(1) or ragged_decode_attention(*args))
+  monkeypatch.setattr(llama, "ragged_cached_attention", lambda *args: traced.append(1) or ragged_cached_attention(*args))
   shared = ppo.Shared(cfg=cfg, ws=ws, tokenizer=common.load_tokenizer(cfg, ws), mesh=common.make_mesh(cfg))
   _, state = ppo.initial_state(cfg, ws, shared.mesh, ppo.optimizers(cfg))
   eot = shared.tokenizer.end_of_turn_id
