@@ -25,7 +25,7 @@ batched decode at --num-envs rows; targets and update in training-step-equivalen
 the batch's tokens once, its three forward passes, old policy, reference and critic, cost about
 one forward + backward; update: the batch's tokens x ppo_epochs x 2, policy and critic each trained
 on every token) against the training step (forward + backward + AdamW, batch 8 x 1024).
---decode-attention ragged: the rollouts' decode steps (and the decode ceiling's) read each row's
+--decode-attention ragged: the rollouts' prefill and decode (and the decode ceiling's) read each row's
 filled KV-cache slots only (model.decode_attention; default dense, every slot of agent.max_context). A
 finished stage's Orbax checkpoints (resume points) are deleted to bound the disk. Progress goes to
 stderr; $OUT/ppo_bench.json is rewritten after every stage when $OUT is set (a run cut short keeps
