@@ -5,10 +5,11 @@
 
 Per pool size: episodes/s, generated tokens/s, env steps/s and the share of wall time spent in
 generation (Sampler.extend: prefilling prompts and observations, + generate: decoding) vs the env
-(EnvPool.reset + step). Random weights: every turn decodes the full --max-new-tokens (no stop fires)
-and acts invalidly, so every episode runs --max-steps turns: the generation-heaviest case. Compilation is excluded (a warm-up round runs
-first). Each pool size runs with the shared prompt prefix (its keys/values prefilled once and copied
-into each new episode's row) and without it (every row prefills the whole prompt), side by side;
+(EnvPool.reset + step). Random weights: every turn decodes the full --max-new-tokens (no stop
+fires) and acts invalidly, so every episode runs --max-steps turns: the generation-heaviest case.
+Compilation is excluded (a warm-up round runs first). Each pool size runs with the shared prompt
+prefix (its keys/values prefilled once and copied into each new episode's row) and without it
+(every row prefills the whole prompt), side by side;
 --decode-attention dense,ragged also runs each with both decode attentions (model.decode_attention:
 the masked read of all --max-context slots, or the Pallas kernel reading each row's filled slots).
 Each pool size's ceiling is measured in the same process (unless --no-ceilings): pure batched
@@ -104,7 +105,7 @@ def build_policy(args, cfg, tokenizer):
 
 
 def decode_variant(model_cfg: LlamaConfig, attention: str) -> tuple[LlamaConfig, nnx.GraphDef]:
-  """The model config and graph with another decode attention (the parameters are the same)."""
+  """The model config and graph with `attention` as decode attention (the parameters are the same)."""
   variant_cfg = model_cfg.replace(decode_attention=attention)
   graphdef, _ = nnx.split(nnx.eval_shape(lambda: Llama(variant_cfg, rngs=nnx.Rngs(0))))
   return variant_cfg, graphdef
@@ -202,9 +203,8 @@ def main() -> None:
   cache = pathlib.Path(os.environ.get("SPA_JAX_BENCH_CACHE", pathlib.Path(tempfile.gettempdir()) / "spa_jax_bench"))
   tokenizer = common.load_tokenizer(cfg, Workspace(cache))
   model_cfg, model = build_policy(args, cfg, tokenizer)
-  graphdef, params = nnx.split(model)
-  variants = [(model_cfg, graphdef) if attention == model_cfg.decode_attention else decode_variant(model_cfg, attention)
-              for attention in args.decode_attention.split(",")]
+  _, params = nnx.split(model)
+  variants = [decode_variant(model_cfg, attention) for attention in args.decode_attention.split(",")]
   device = jax.devices()[0]
   machine = (f"{platform.machine()}, {os.cpu_count()} CPU cores, {jax.default_backend()} "
              f"({getattr(device, 'device_kind', device.platform)}), jax {jax.__version__}")

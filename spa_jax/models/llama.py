@@ -189,7 +189,7 @@ class Attention(nnx.Module):
       out_btnh = causal_attention(q_btnh, k_btkh, v_btkh, attn_mask_bt, cfg)
     else:
       cache = cache.write_layer(layer, positions_bt, k_btkh, v_btkh)
-      if cfg.decode_attention == "ragged":  # each row's slots before the chunk (untouched by the write), then the chunk
+      if cfg.decode_attention == "ragged":  # the slots before the chunk (the write left them), then the chunk
         out_btnh = ragged_cached_attention(q_btnh, k_btkh, v_btkh, cache.k[layer], cache.v[layer], positions_bt[:, 0])
       else:
         out_btnh = cached_attention(q_btnh, cache.k[layer], cache.v[layer], positions_bt)
