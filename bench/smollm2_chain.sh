@@ -24,13 +24,18 @@ SET=(env.search_backend=bm25 tracking.tensorboard=False "sft.train_split=train[:
      prm.learning_rate=2e-5 model.remat_policy=full ppo.mini_batch_size=1 ppo.grad_accum=8
      ppo.learning_rate=3e-4 ppo.iterations=60 ppo.checkpoint_every=1 ppo.length_bucket=1024
      ppo.eval_every=0 "ppo.reward_modes=$MODES" ${HF:+model.gguf= model.hf_path=$HF} "$@")
+ARM_ARGS=(); for arm in ${ARMS:-}; do ARM_ARGS+=(--arm "$arm"); done
+RUNS=$(( $(tr , '\n' <<< "$SEEDS" | wc -l) * ($(tr , '\n' <<< "$MODES" | wc -l) + ${#ARM_ARGS[@]} / 2) + 1 ))  # all side by side
+# Each process's XLA pool grows to MEM_FRACTION of the card, plus ~0.5 GB of CUDA context (0.007 of 80 GB):
+# 13 processes at 0.08 overran an 80 GB H100 on 2026-12-07 (one PPO run died at its first evaluation).
+awk -v n="$RUNS" -v f="$MEM_FRACTION" 'BEGIN { exit !(n * (f + 0.007) > 1) }' && {
+  echo "$RUNS processes side by side (SEEDS x (MODES + ARMS) + the SFT evaluation) at MEM_FRACTION=$MEM_FRACTION" \
+       "each overrun one GPU's memory: run fewer SEEDS or ARMS (at 0.08, 11 processes fit an 80 GB card)" >&2; exit 2; }
 mkdir -p "$ROOT/logs"
 python3 -m spa_jax.main --config=configs/eval.py:smollm2-135m --workdir="$ROOT/upstream" --config.seed=0 \
   --config.run.targets=label --config.tracking.progress=False "${SET[@]/#/--config.}" \
   > "$ROOT/logs/upstream.log" 2>&1 || { echo "upstream failed: $ROOT/logs/upstream.log" >&2; exit 1; }
 python3 bench/estimator_report.py --workdir "$ROOT/upstream" --no-results > "$ROOT/logs/estimator_report.log" 2>&1
-ARM_ARGS=(); for arm in ${ARMS:-}; do ARM_ARGS+=(--arm "$arm"); done
-RUNS=$(( $(tr , '\n' <<< "$SEEDS" | wc -l) * ($(tr , '\n' <<< "$MODES" | wc -l) + ${#ARM_ARGS[@]} / 2) + 1 ))  # all side by side
 XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_FRACTION python3 bench/spa_bench.py --config configs/eval.py:smollm2-135m \
   --root "$ROOT" --seeds "$SEEDS" --upstream-seed 0 --jobs "$RUNS" --name spa_smollm2_disjoint_goals "${ARM_ARGS[@]}" \
   $([ "${RESULTS:-0}" = 1 ] || echo --no-results) "${SET[@]/#/--set=}" \

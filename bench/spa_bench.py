@@ -19,7 +19,11 @@ config and resumes PPO from its last checkpoint, so a long run can be a series o
 (--jobs) and the sparse and SPA runs of one PPO seed see the same task order and sampling seeds.
 `--arm NAME:MODE[:PATH=VALUE...]` adds a run per PPO seed with reward mode MODE and those overrides
 (for example `--arm spa_penalty:spa:label.grounding_form=penalty`), in <root>/seed<k>_<NAME> and
-reported as policy ppo_<NAME> beside the modes' runs and against sparse like them.
+reported as policy ppo_<NAME> beside the modes' runs and against sparse like them. A run that fails
+(out of GPU memory, say) does not stop the others: the report covers the finished runs, names the rest
+and the command exits non-zero (run it again to resume them). `--collect-only` runs nothing and reports
+the finished workspaces under --root (copied back from a GPU machine; pass the run's --seeds, --arm and
+--set ppo.reward_modes).
 Collected per seed: the eval report (score = mean reward x 100, success rate, purchase rate,
 grounding accuracy per policy), the estimator's held-out MSE / Pearson correlation and the PPO
 runs' per-iteration train-rollout curves and, with `--set ppo.eval_every=K`, their held-out curves
@@ -119,39 +123,60 @@ def renamed(result: dict, mode: str, name: str) -> dict:
 
 
 def run_ppo_seeds(root: pathlib.Path, upstream_seed: int, seeds: list[int], overrides: dict[str, str],
-                  config: str, jobs: int, arms: list[tuple[str, str, dict[str, str]]] = ()) -> list[dict]:
+                  config: str, jobs: int, arms: list[tuple[str, str, dict[str, str]]] = (),
+                  collect_only: bool = False) -> tuple[list[dict], list[str]]:
   """PPO seeds from one upstream (SFT, exploration, estimator of config.seed=`upstream_seed`): every
-  (seed, reward mode or arm) in its own workspace copy, side by side; results per PPO seed with the
-  upstream's SFT row."""
+  (seed, reward mode or arm) in its own workspace copy, side by side; returns the results per PPO seed
+  with the upstream's SFT row, and the runs that did not finish (their workspace and why). A run that
+  fails (say, out of memory) leaves the others' results standing; `collect_only` reads the finished
+  workspaces under `root` and runs nothing (workspaces brought back from another machine)."""
   modes = [m.strip() for m in overrides.get("ppo.reward_modes", "sparse,spa").split(",") if m.strip()]
   arms = [(mode, mode, {}) for mode in modes] + list(arms)  # (name, reward mode, overrides)
   upstream = root / "upstream"
   shared = {**overrides, "seed": str(upstream_seed)}
-  needs_labels = any(mode == "spa" for _, mode, _ in arms)
-  run_pipeline(upstream, {**shared, "run.targets": "label" if needs_labels else "sft"}, config)
-  for seed in seeds:
-    for name, _, _ in arms:
-      upstream_copy(upstream, root / f"seed{seed}_{name}")
   runs = {("sft", None): (upstream, {**shared, "run.targets": "eval", "eval.policies": "sft"})}
   runs |= {(seed, name): (root / f"seed{seed}_{name}",
                           {**shared, **own, "ppo.seed": str(seed), "ppo.reward_modes": mode, "run.targets": "eval",
                            "eval.policies": f"ppo_{mode}"}) for seed in seeds for name, mode, own in arms}
-  with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
-    times = dict(zip(runs, pool.map(lambda run: run_pipeline(*run, config), runs.values())))
+  failed: dict[tuple, str] = {}
+  times: dict[tuple, dict] = {}
+  if not collect_only:
+    needs_labels = any(mode == "spa" for _, mode, _ in arms)
+    run_pipeline(upstream, {**shared, "run.targets": "label" if needs_labels else "sft"}, config)
+    for seed in seeds:
+      for name, _, _ in arms:
+        upstream_copy(upstream, root / f"seed{seed}_{name}")
+
+    def attempt(key: tuple) -> None:
+      try:
+        times[key] = run_pipeline(*runs[key], config)
+      except RuntimeError as error:  # the others go on; the report names this one
+        failed[key] = str(error)
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
+      list(pool.map(attempt, runs))
+    if ("sft", None) in failed:  # every seed's table needs the SFT row
+      raise RuntimeError(failed["sft", None])
   base = collect(upstream)
-  results = []
+  results, missing = [], []
   for seed in seeds:
     result = {**base, "seed": seed, "policies": dict(base["policies"]), "curves": {}, "eval_curves": {},
               "wall_s": 0.0, "cpu_s": 0.0}
     for name, mode, _ in arms:
-      own = renamed(collect(root / f"seed{seed}_{name}"), mode, name)
+      workdir = root / f"seed{seed}_{name}"
+      own = collect(workdir) if (workdir / "reports" / "eval.json").exists() else None
+      if (seed, name) in failed or own is None or f"ppo_{mode}" not in own["policies"]:
+        missing.append(f"{workdir.name} ({failed.get((seed, name), 'no eval report of ppo_' + mode)})")
+        continue
+      own = renamed(own, mode, name)
       result["policies"] |= own["policies"]
       result["curves"] |= own["curves"]
       result["eval_curves"] |= own["eval_curves"]
-      result["wall_s"] = max(result["wall_s"], times[seed, name]["wall_s"])
-      result["cpu_s"] += times[seed, name]["cpu_s"]
+      if (seed, name) in times:  # not with collect_only: the report then has no time line
+        result["wall_s"] = max(result["wall_s"], times[seed, name]["wall_s"])
+        result["cpu_s"] += times[seed, name]["cpu_s"]
     results.append(result)
-  return results
+  return results, missing
 
 
 def collect(workdir: pathlib.Path) -> dict:
@@ -278,10 +303,14 @@ def mean_std(values: list) -> tuple[float, float]:
 
 
 def aggregate(seeds: list[dict]) -> dict:
-  policies = [p for p in seeds[0]["policies"] if all(p in s["policies"] for s in seeds)]
-  summary = {"policies": {p: {m: mean_std([s["policies"][p][m] for s in seeds]) for m in METRICS} for p in policies},
-             "ci95": {p: {m: confidence_interval([s["policies"][p][m] for s in seeds]) for m in ("score", "success_rate")}
-                      for p in policies}}
+  """Per policy over the seeds that evaluated it (a run that did not finish leaves its seed out of its
+  policy's row and out of the paired differences it is in): mean and std, 95% CI and the seed count."""
+  policies = list(dict.fromkeys(p for s in seeds for p in s["policies"]))
+  having = {p: [s["policies"][p] for s in seeds if p in s["policies"]] for p in policies}
+  summary = {"policies": {p: {m: mean_std([row[m] for row in having[p]]) for m in METRICS} for p in policies},
+             "ci95": {p: {m: confidence_interval([row[m] for row in having[p]]) for m in ("score", "success_rate")}
+                      for p in policies},
+             "seeds": {p: len(having[p]) for p in policies}}
   if "ppo_sparse" in policies:  # each dense mode against sparse, paired by PPO seed
     summary["minus_sparse"] = {policy.removeprefix("ppo_"): paired_difference(seeds, policy, "ppo_sparse")
                                for policy in policies if policy.startswith("ppo_") and policy != "ppo_sparse"}
@@ -302,7 +331,8 @@ def markdown(seeds: list[dict], summary: dict) -> str:
     for column, metric in ((0, "score"), (1, "success_rate")):
       low, high = summary["ci95"][policy][metric]
       cells[column] += f" [{low:.1f}, {high:.1f}]" if np.isfinite(low) else ""
-    lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+    count = summary.get("seeds", {}).get(policy, n)
+    lines.append(f"| {policy}{f' ({count} of {n} seeds)' if count < n else ''} | " + " | ".join(cells) + " |")
   for name, row in summary.get("reference", {}).items():
     lines.append(f"| {name} (scripted) | {row['score']:.1f} | {row['success_rate']:.1f} | | | |")
   for mode, diff in summary.get("minus_sparse", {}).items():
@@ -337,8 +367,9 @@ def markdown(seeds: list[dict], summary: dict) -> str:
   lines += ["", "SFT per seed: " + "; ".join(
       f"seed {s['seed']}: {s['sft']['steps']} steps in {s['sft']['seconds']:.0f} s, last loss {s['sft']['final_loss']:.3f}"
       for s in seeds)]
-  lines += ["", "Time per seed: " + "; ".join(f"seed {s['seed']}: {s['wall_s']:.0f} s wall, {s['cpu_s']:.0f} s CPU"
-                                             for s in seeds)]
+  if any(s["wall_s"] for s in seeds):
+    lines += ["", "Time per seed: " + "; ".join(f"seed {s['seed']}: {s['wall_s']:.0f} s wall, {s['cpu_s']:.0f} s CPU"
+                                               for s in seeds)]
   return "\n".join(lines)
 
 
@@ -367,6 +398,9 @@ def main() -> None:
   parser.add_argument("--arm", action="append", default=[], metavar="NAME:MODE[:PATH=VALUE...]",
                       help="with --upstream-seed: one more run per PPO seed, reward mode MODE with these "
                            "overrides, reported as ppo_NAME (e.g. spa_penalty:spa:label.grounding_form=penalty)")
+  parser.add_argument("--collect-only", action="store_true",
+                      help="with --upstream-seed: run nothing, report the finished workspaces under --root "
+                           "(e.g. copied back from a GPU machine); pass the run's --seeds, --arm and --set ppo.reward_modes")
   parser.add_argument("--jobs", type=int, default=1,
                       help="seeds run at once (a many-core or GPU machine; on a GPU also set "
                            "XLA_PYTHON_CLIENT_PREALLOCATE=false so the processes share its memory)")
@@ -376,10 +410,12 @@ def main() -> None:
   overrides = {**(QUICK if args.quick else {}), **parse_overrides(args.set)}
   seed_list = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
   arms = [parse_arm(arm) for arm in args.arm]
-  if arms and args.upstream_seed is None:
-    raise SystemExit("--arm needs --upstream-seed (arms are PPO runs from one shared upstream)")
+  if (arms or args.collect_only) and args.upstream_seed is None:
+    raise SystemExit("--arm and --collect-only need --upstream-seed (PPO runs from one shared upstream)")
+  missing = []
   if args.upstream_seed is not None:
-    seeds = run_ppo_seeds(root, args.upstream_seed, seed_list, overrides, args.config, args.jobs, arms)
+    seeds, missing = run_ppo_seeds(root, args.upstream_seed, seed_list, overrides, args.config, args.jobs, arms,
+                                   collect_only=args.collect_only)
   else:
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
       seeds = list(pool.map(lambda seed: run_seed(root, seed, overrides, args.config), seed_list))
@@ -389,6 +425,8 @@ def main() -> None:
   if args.upstream_seed is not None:
     table = (f"PPO seeds {args.seeds} from ONE SFT policy, exploration and estimator (config.seed="
              f"{args.upstream_seed}): the spread is PPO's alone; the sft row is that one policy.\n\n" + table)
+  if missing:
+    table += "\n\nRuns that did not finish (left out of their policy's row): " + "; ".join(missing)
   report = {"seeds": seeds, "summary": summary, "overrides": overrides, "config": args.config}
   (root / "spa_bench.json").write_text(json.dumps(report, indent=2) + "\n")
   if any(s["curves"] for s in seeds):
@@ -403,7 +441,10 @@ def main() -> None:
       (REPO / "bench" / "plots").mkdir(exist_ok=True)
       shutil.copyfile(root / "spa_bench.png", REPO / "bench" / "plots" / f"{args.name}.png")
     append_section("spa_bench", " ".join(["python bench/spa_bench.py", *sys.argv[1:]]), table)
-  print(json.dumps({"summary": summary, "root": str(root)}))
+  print(json.dumps({"summary": summary, "root": str(root), "missing": missing}))
+  if missing:
+    sys.exit(f"{len(missing)} run(s) did not finish: {'; '.join(missing)}. Run the same command again to go on "
+             "from their checkpoints (finished runs are reused).")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 paired per-seed difference of each dense reward mode against sparse, with its median and sign count
 (figures of one real run: four SPA seeds above sparse and one collapsed)."""
 
+import json
 import pathlib
 import sys
 
@@ -63,3 +64,46 @@ def test_arms_parse_and_report_their_run_under_their_own_name():
   summary = spa_bench.aggregate(seeds)
   assert set(summary["minus_sparse"]) == {"spa", "spa_penalty"}
   assert summary["minus_sparse"]["spa_penalty"]["success_rate"]["above"] == 5
+
+
+def test_a_run_that_does_not_finish_leaves_the_others_reported_and_is_named(tmp_path, monkeypatch):
+  """One of six PPO runs fails (as seed2_spa_penalty ran out of GPU memory on 2026-12-07): the five
+  others are collected, the failed one's policy row covers the seeds that evaluated it, and the same
+  root read again with collect_only (workspaces copied back from a GPU machine) gives the same report."""
+  success = {"seed0_sparse": 74.0, "seed1_sparse": 76.0, "seed0_spa": 78.0, "seed1_spa": 81.0,
+             "seed0_spa_penalty": 80.0}
+
+  def fake_run_pipeline(workdir, overrides, config):
+    policy = overrides.get("eval.policies")
+    if workdir.name == "seed1_spa_penalty":
+      raise RuntimeError(f"{workdir.name} failed (exit 1); see {workdir}.log")
+    (workdir / "sft").mkdir(parents=True, exist_ok=True)
+    (workdir / "sft" / "DONE.json").write_text(json.dumps({"summary": {"steps": 5, "final_loss": 0.1, "seconds": 1.0}}))
+    (workdir / "config.json").write_text(json.dumps({"ppo": {"eval_tasks": 50}}))
+    if policy is None:  # the upstream's label run
+      return {"wall_s": 1.0, "cpu_s": 1.0}
+    rate = 72.0 if policy == "sft" else success[workdir.name]
+    row = {"score": rate + 20, "success_rate": rate, "purchase_rate": 100.0, "grounding": 95.0, "mean_steps": 4.0}
+    (workdir / "reports").mkdir(exist_ok=True)
+    (workdir / "reports" / "eval.json").write_text(json.dumps({"tasks": 200, "policies": {policy: row}}))
+    return {"wall_s": 2.0, "cpu_s": 3.0}
+
+  monkeypatch.setattr(spa_bench, "run_pipeline", fake_run_pipeline)
+  arms = [spa_bench.parse_arm("spa_penalty:spa:label.grounding_form=penalty")]
+  seeds, missing = spa_bench.run_ppo_seeds(tmp_path, 0, [0, 1], {"ppo.reward_modes": "sparse,spa"},
+                                           "configs/eval.py", jobs=3, arms=arms)
+  assert missing == [f"seed1_spa_penalty (seed1_spa_penalty failed (exit 1); see {tmp_path}/seed1_spa_penalty.log)"]
+  assert set(seeds[0]["policies"]) == {"sft", "ppo_sparse", "ppo_spa", "ppo_spa_penalty"}
+  assert set(seeds[1]["policies"]) == {"sft", "ppo_sparse", "ppo_spa"}
+  summary = spa_bench.aggregate(seeds)
+  assert summary["seeds"] == {"sft": 2, "ppo_sparse": 2, "ppo_spa": 2, "ppo_spa_penalty": 1}
+  assert summary["policies"]["ppo_spa_penalty"]["success_rate"] == (80.0, 0.0)
+  assert summary["minus_sparse"]["spa_penalty"]["success_rate"]["per_seed"] == [6.0]
+  assert summary["minus_sparse"]["spa"]["success_rate"]["per_seed"] == [4.0, 5.0]
+  assert "| ppo_spa_penalty (1 of 2 seeds) |" in spa_bench.markdown(seeds, summary)
+
+  again, missing_again = spa_bench.run_ppo_seeds(tmp_path, 0, [0, 1], {"ppo.reward_modes": "sparse,spa"},
+                                                 "configs/eval.py", jobs=1, arms=arms, collect_only=True)
+  assert missing_again == ["seed1_spa_penalty (no eval report of ppo_spa)"]
+  assert [s["policies"] for s in again] == [s["policies"] for s in seeds]
+  assert all(s["wall_s"] == 0.0 for s in again) and "Time per seed" not in spa_bench.markdown(again, summary)
