@@ -237,12 +237,14 @@ def reference(workdir: pathlib.Path) -> dict[str, dict[str, float]]:
   return reference_rows(common.load_catalogue(cfg), tasks, **common.env_kwargs(cfg))
 
 
-def common_steps(seeds: list[dict], kind: str, name: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
-  """(steps every seed's `kind` curve of run `name` has, [seeds, steps] values of `metric` there)."""
-  curves = [s[kind][name] for s in seeds if name in s.get(kind, {})]
-  steps = sorted(set.intersection(*(set(c["step"]) for c in curves)))
-  values = [[dict(zip(c["step"], c[metric]))[step] for step in steps] for c in curves]
-  return np.asarray(steps), np.asarray(values, np.float64).reshape(len(curves), len(steps))
+def curve_band(seeds: list[dict], kind: str, name: str, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """(steps any seed's `kind` curve of run `name` has, and at each the mean, min and max of `metric` over
+  the seeds that logged it): runs stopped by ppo.time_budget_s end at different iterations, and the
+  last ones (the final held-out evaluation, say) are kept."""
+  curves = [dict(zip(s[kind][name]["step"], s[kind][name][metric])) for s in seeds if name in s.get(kind, {})]
+  steps = sorted({step for curve in curves for step in curve})
+  values = [[curve[step] for curve in curves if curve.get(step) is not None] for step in steps]
+  return (np.asarray(steps), *(np.asarray([reduce(v) for v in values], np.float64) for reduce in (np.mean, np.min, np.max)))
 
 
 def plot_curves(seeds: list[dict], out: pathlib.Path) -> None:
@@ -260,9 +262,10 @@ def plot_curves(seeds: list[dict], out: pathlib.Path) -> None:
     runs = sorted({name for s in seeds for name in s.get(kind, {})})
     for ax, metric in zip(row, metrics):
       for name in runs:
-        steps, values = common_steps(seeds, kind, name, metric)
-        ax.plot(steps, values.mean(axis=0), marker=".", color=colors.get(name), label=f"{name} ({len(values)} seeds)")
-        ax.fill_between(steps, values.min(axis=0), values.max(axis=0), color=colors.get(name), alpha=0.2)
+        steps, mean, low, high = curve_band(seeds, kind, name, metric)
+        count = sum(name in s.get(kind, {}) for s in seeds)
+        ax.plot(steps, mean, marker=".", color=colors.get(name), label=f"{name} ({count} seeds)")
+        ax.fill_between(steps, low, high, color=colors.get(name), alpha=0.2)
       ax.set_title(f"{title} {metric.removeprefix('eval_')}")
       ax.set_xlabel("PPO iteration")
       ax.grid(alpha=0.3)

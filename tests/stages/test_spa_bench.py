@@ -107,3 +107,11 @@ def test_a_run_that_does_not_finish_leaves_the_others_reported_and_is_named(tmp_
   assert missing_again == ["seed1_spa_penalty (no eval report of ppo_spa)"]
   assert [s["policies"] for s in again] == [s["policies"] for s in seeds]
   assert all(s["wall_s"] == 0.0 for s in again) and "Time per seed" not in spa_bench.markdown(again, summary)
+
+
+def test_curve_band_keeps_the_iterations_only_some_seeds_reached():
+  seeds = [{"curves": {"ppo_spa": {"step": [1, 2, 3], "success_rate": [60.0, 70.0, 80.0]}}},
+           {"curves": {"ppo_spa": {"step": [1, 2], "success_rate": [50.0, 90.0]}}}, {"curves": {}}]
+  steps, mean, low, high = spa_bench.curve_band(seeds, "curves", "ppo_spa", "success_rate")
+  assert steps.tolist() == [1, 2, 3] and mean.tolist() == [55.0, 80.0, 80.0]
+  assert low.tolist() == [50.0, 70.0, 80.0] and high.tolist() == [60.0, 90.0, 80.0]
