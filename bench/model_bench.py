@@ -125,8 +125,8 @@ def copy_bandwidth_bytes_per_s(mesh) -> float:
 def bench_decode(cfg: LlamaConfig, params, mesh, batch: int, prompt: int, new_tokens: int, bandwidth: float,
                  slots: int = 0) -> dict:
   """Greedy decode of `new_tokens` after a `prompt`-token context in every row, with a KV cache of `slots`
-  slots (0: prompt + new_tokens) and `cfg.decode_attention`; `params` (random, made once per run: a 3B
-  model's initialisation cost the GPU about a minute per comparison) fit `cfg`'s graph."""
+  slots (0: prompt + new_tokens) and `cfg.decode_attention`; `params` (random, made once per run: with a
+  fresh 3B model per comparison about a minute passed between comparisons on the GPU) fit `cfg`'s graph."""
   graphdef, _ = nnx.split(nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0))))
   weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
   # Random weights: ids past the vocabulary's real range stand in for the end tokens, so that no
