@@ -122,12 +122,24 @@ def copy_bandwidth_bytes_per_s(mesh) -> float:
   return 2 * x.nbytes / seconds
 
 
-def bench_decode(cfg: LlamaConfig, params, mesh, batch: int, prompt: int, new_tokens: int, bandwidth: float,
-                 slots: int = 0) -> dict:
+def abstract_graph(cfg: LlamaConfig) -> nnx.GraphDef:
+  """`cfg`'s model graph, traced without parameters: one model's params serve every variant of it
+  (decode attention, say) that keeps the parameter shapes."""
+  return nnx.graphdef(nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0))))
+
+
+def random_params(cfg: LlamaConfig, mesh):
+  return nnx.state(create_sharded(lambda: Llama(cfg, rngs=nnx.Rngs(0)), mesh))
+
+
+def bench_decode(cfg: LlamaConfig, mesh, batch: int, prompt: int, new_tokens: int, bandwidth: float,
+                 slots: int = 0, params=None) -> dict:
   """Greedy decode of `new_tokens` after a `prompt`-token context in every row, with a KV cache of `slots`
-  slots (0: prompt + new_tokens) and `cfg.decode_attention`; `params` (random, made once per run: with a
-  fresh 3B model per comparison about a minute passed between comparisons on the GPU) fit `cfg`'s graph."""
-  graphdef, _ = nnx.split(nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0))))
+  slots (0: prompt + new_tokens) and `cfg.decode_attention`, with `params` (unset: a random model's; a
+  caller comparing several decodes passes one model's: on the GPU a fresh 3B model per comparison left
+  about a minute between comparisons)."""
+  graphdef = abstract_graph(cfg)
+  params = random_params(cfg, mesh) if params is None else params
   weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
   # Random weights: ids past the vocabulary's real range stand in for the end tokens, so that no
   # row stops early; the throughput counts the tokens actually generated.
@@ -208,15 +220,15 @@ def main():
   if not args.skip_decode:
     bandwidth = copy_bandwidth_bytes_per_s(mesh)
     result["copy_TBps"] = bandwidth / 1e12
-    _, params = nnx.split(create_sharded(lambda: Llama(cfg, rngs=nnx.Rngs(0)), mesh))
+    params = random_params(cfg, mesh)
     for batch in map(int, args.decode_batches.split(",")):
       batch = 4 if args.quick else batch
       for slots, attention in itertools.product(map(int, args.decode_slots.split(",")), args.decode_attention.split(",")):
         key = f"decode_B{batch}_P{prompt}_N{new_tokens}" + (f"_S{slots}" if slots else "")
         key += "" if attention == "dense" else f"_{attention}"
         try:
-          result[key] = bench_decode(cfg.replace(decode_attention=attention), params, mesh, batch, prompt,
-                                     new_tokens, bandwidth, slots)
+          result[key] = bench_decode(cfg.replace(decode_attention=attention), mesh, batch, prompt, new_tokens,
+                                     bandwidth, slots, params=params)
         except Exception as error:  # noqa: BLE001
           result[key] = f"failed: {type(error).__name__}: {str(error)[:300]}"
         print(json.dumps(result), flush=True)

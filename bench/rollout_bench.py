@@ -107,8 +107,7 @@ def build_policy(args, cfg, tokenizer):
 def decode_variant(model_cfg: LlamaConfig, attention: str) -> tuple[LlamaConfig, nnx.GraphDef]:
   """The model config and graph with `attention` as decode attention (the parameters are the same)."""
   variant_cfg = model_cfg.replace(decode_attention=attention)
-  graphdef, _ = nnx.split(nnx.eval_shape(lambda: Llama(variant_cfg, rngs=nnx.Rngs(0))))
-  return variant_cfg, graphdef
+  return variant_cfg, model_bench.abstract_graph(variant_cfg)
 
 
 def measure(args, cfg, tokenizer, model_cfg, graphdef, params, num_envs: int, share_prefix: bool) -> dict:
