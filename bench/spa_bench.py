@@ -164,9 +164,10 @@ def run_ppo_seeds(root: pathlib.Path, upstream_seed: int, seeds: list[int], over
               "wall_s": 0.0, "cpu_s": 0.0}
     for name, mode, _ in arms:
       workdir = root / f"seed{seed}_{name}"
-      own = collect(workdir) if (workdir / "reports" / "eval.json").exists() else None
-      if (seed, name) in failed or own is None or f"ppo_{mode}" not in own["policies"]:
-        missing.append(f"{workdir.name} ({failed.get((seed, name), 'no eval report of ppo_' + mode)})")
+      reason = failed.get((seed, name))
+      own = None if reason or not (workdir / "reports" / "eval.json").exists() else collect(workdir)
+      if own is None or f"ppo_{mode}" not in own["policies"]:
+        missing.append(f"{workdir.name} ({reason or 'no eval report of ppo_' + mode})")
         continue
       own = renamed(own, mode, name)
       result["policies"] |= own["policies"]
@@ -334,7 +335,7 @@ def markdown(seeds: list[dict], summary: dict) -> str:
     for column, metric in ((0, "score"), (1, "success_rate")):
       low, high = summary["ci95"][policy][metric]
       cells[column] += f" [{low:.1f}, {high:.1f}]" if np.isfinite(low) else ""
-    count = summary.get("seeds", {}).get(policy, n)
+    count = summary["seeds"][policy]
     lines.append(f"| {policy}{f' ({count} of {n} seeds)' if count < n else ''} | " + " | ".join(cells) + " |")
   for name, row in summary.get("reference", {}).items():
     lines.append(f"| {name} (scripted) | {row['score']:.1f} | {row['success_rate']:.1f} | | | |")
