@@ -46,6 +46,10 @@ def ppo_section(preset: str) -> ml_collections.ConfigDict:
       ppo_epochs=4 if real else 1,  # tiny: 1 keeps the default command inside 20 minutes on 2 cores
       learning_rate=1e-5 if real else 1e-3,
       critic_learning_rate=config_dict.placeholder(float),  # unset: learning_rate (released: one LR)
+      # Policy optimizer updates over which its LR ramps linearly from 0 (released: 0, constant). Adam's
+      # first steps move every LoRA weight by about the full LR whatever the gradient's size; at lr 1e-3
+      # SmolLM2's first SPA update was destructive (bench/RESULTS.md, 2026-12-07 10:10).
+      warmup_updates=0,
       grad_clip=1.0,
       gamma=0.99,
       gae_lambda=0.95,

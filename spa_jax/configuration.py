@@ -316,6 +316,7 @@ def _ppo_errors(errors: list[str], cfg) -> None:
   for path in ("ppo.vf_coef", "ppo.entropy_coef", "ppo.kl.init_coef"):
     _at_least(errors, cfg, path, 0.0)
   _check(errors, cfg, "ppo.critic_learning_rate", lambda v: v is None or v > 0, "> 0 (or unset: ppo.learning_rate)")
+  _at_least(errors, cfg, "ppo.warmup_updates", 0)
   _check(errors, cfg, "ppo.time_budget_s", lambda v: v is None or v > 0, "> 0 seconds (or unset: no budget)")
   _check(errors, cfg, "ppo.seed", lambda v: v is None or v >= 0, ">= 0 (or unset: config.seed)")
   _check(errors, cfg, "ppo.eval_every", lambda v: v >= 0, ">= 0 iterations (0: no held-out evaluation during PPO)")

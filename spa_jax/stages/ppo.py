@@ -117,13 +117,15 @@ class Optimizers(NamedTuple):
 
 
 def optimizers(cfg: ml_collections.ConfigDict) -> Optimizers:
-  """The policy's and the critic's optimizers (Adam, constant LR; the critic's own LR if set)."""
-  def adam(learning_rate: float):
+  """The policy's and the critic's optimizers (Adam, constant LR; the critic's own LR if set; the
+  policy's ramped from 0 over its first `ppo.warmup_updates` updates, which critic-only iterations
+  do not count)."""
+  def adam(learning_rate: float, warmup_steps: int = 0):
     return make_optimizer(OptimizerConfig(learning_rate=learning_rate, schedule="constant",
-                                          grad_clip_norm=cfg.ppo.grad_clip))
+                                          warmup_steps=warmup_steps, grad_clip_norm=cfg.ppo.grad_clip))
   critic_lr = cfg.ppo.critic_learning_rate
-  return Optimizers(policy=adam(cfg.ppo.learning_rate),
-                  critic=adam(cfg.ppo.learning_rate if critic_lr is None else critic_lr))
+  return Optimizers(policy=adam(cfg.ppo.learning_rate, cfg.ppo.warmup_updates),
+                    critic=adam(cfg.ppo.learning_rate if critic_lr is None else critic_lr))
 
 
 def _critic_dir(cfg: ml_collections.ConfigDict, ws: Workspace):

@@ -277,3 +277,22 @@ def test_updates_on_one_batch_raise_the_log_probs_of_advantaged_tokens(tmp_path_
   assert (advantage_t > 0.5).any() and (advantage_t < -0.5).any()
   # the surrogate objective sum_t A_t log pi(a_t) rose (to first order, the update's own objective)
   assert np.sum(advantage_t * change_t) > 0
+
+
+def test_policy_learning_rate_warms_up_over_its_first_updates_and_the_critic_does_not(tmp_path):
+  """`ppo.warmup_updates`: Adam moves each weight by about the LR per step whatever the gradient's size
+  (for a constant gradient exactly the LR), so the policy's k-th update moves a weight by lr * k / N
+  for k < N, then by lr; the critic's optimizer has no warm-up."""
+  lr, warmup = 1e-2, 4
+  tx = ppo.optimizers(make_config(tmp_path, {"ppo.learning_rate": lr, "ppo.warmup_updates": warmup}))
+  grads = {"w": np.full((3, 2), 0.5, np.float32)}
+
+  def moves(optimizer, updates):
+    state, out = optimizer.init(grads), []
+    for _ in range(updates):
+      step, state = optimizer.update(grads, state, grads)
+      out.append(float(np.max(np.abs(step["w"]))))
+    return np.array(out)
+
+  np.testing.assert_allclose(moves(tx.policy, 6), lr * np.array([0, 1, 2, 3, 4, 4]) / warmup, rtol=1e-4, atol=1e-9)
+  np.testing.assert_allclose(moves(tx.critic, 2), [lr, lr], rtol=1e-4)
