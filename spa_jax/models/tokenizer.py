@@ -60,6 +60,10 @@ class Tokenizer(abc.ABC):
     ) -> tuple[list[int], list[int]]:
         """(ids, assistant_mask) of a whole conversation; mask is 1 on assistant content + its end-of-turn."""
 
+    def encode_chats(self, conversations: Sequence[Sequence[Message]]) -> list[tuple[list[int], list[int]]]:
+        """`encode_chat` of each conversation (without generation prompt); a tokenizer may batch them."""
+        return [self.encode_chat(messages) for messages in conversations]
+
     @abc.abstractmethod
     def encode_turn_suffix(
         self, messages: Sequence[Message], add_generation_prompt: bool = True
@@ -136,6 +140,7 @@ class HFTokenizer(Tokenizer):
         self.path = path
         self._hf = AutoTokenizer.from_pretrained(str(path))
         self._memo: dict[str, tuple[int, ...]] = {}
+        self._format_memo: dict[tuple[tuple[str, ...], bool], list[str]] = {}
         llama3_ids = {name: self._token_id(tok) for name, tok in LLAMA3_SPECIAL_TOKENS.items()}
         if None not in llama3_ids.values():
             self._hf.chat_template = LLAMA3_CHAT_TEMPLATE  # also what an export of this tokenizer saves
@@ -166,19 +171,30 @@ class HFTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         return self._hf.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    def _segments(self, messages: Sequence[Message], add_generation_prompt: bool) -> list[list[int]]:
-        """[format_0, content_0, format_1, ..., content_{n-1}, format_n] as token ids, where format_i is
-        the template's text before message i's content (format_n: after the last one)."""
-        roles = [_checked_message(message)[0] for message in messages]
-        slots = [{"role": role, "content": _SLOT.format(i)} for i, role in enumerate(roles)]
-        text = self._hf.apply_chat_template(slots, add_generation_prompt=add_generation_prompt, tokenize=False)
-        parts = _SLOT_PATTERN.split(text)  # format, slot index, format, ..., format
-        if [int(i) for i in parts[1::2]] != list(range(len(messages))):
-            raise ValueError(f"the chat template of {self.path} does not write each message's content once, "
-                             "in order; spa_jax cannot encode its turns incrementally: use another tokenizer")
+    def _formats(self, roles: tuple[str, ...], add_generation_prompt: bool) -> list[str]:
+        """The template's text before each message's content, and after the last one (rendered once per
+        sequence of roles)."""
+        key = (roles, add_generation_prompt)
+        if key not in self._format_memo:
+            slots = [{"role": role, "content": _SLOT.format(i)} for i, role in enumerate(roles)]
+            text = self._hf.apply_chat_template(slots, add_generation_prompt=add_generation_prompt, tokenize=False)
+            parts = _SLOT_PATTERN.split(text)  # format, slot index, format, ..., format
+            if [int(i) for i in parts[1::2]] != list(range(len(roles))):
+                raise ValueError(f"the chat template of {self.path} does not write each message's content once, "
+                                 "in order; spa_jax cannot encode its turns incrementally: use another tokenizer")
+            self._format_memo[key] = parts[::2]
+        return self._format_memo[key]
+
+    def _segment_texts(self, messages: Sequence[Message], add_generation_prompt: bool) -> list[str]:
+        """[format_0, content_0, format_1, ..., content_{n-1}, format_n], where format_i is the template's
+        text before message i's content (format_n: after the last one)."""
+        formats = self._formats(tuple(_checked_message(message)[0] for message in messages), add_generation_prompt)
         contents = [message["content"].strip() for message in messages]
-        formats = parts[::2]  # one more than the messages
-        return self._encode_texts([text for pair in zip(formats, contents) for text in pair] + formats[-1:])
+        return [text for pair in zip(formats, contents) for text in pair] + formats[-1:]
+
+    def _segments(self, messages: Sequence[Message], add_generation_prompt: bool) -> list[list[int]]:
+        """`_segment_texts` as token ids."""
+        return self._encode_texts(self._segment_texts(messages, add_generation_prompt))
 
     def _encode_texts(self, texts: list[str]) -> list[list[int]]:
         """Each text's ids. Texts seen lately (the template's format text, the shared prompt's messages)
@@ -221,6 +237,16 @@ class HFTokenizer(Tokenizer):
     ) -> tuple[list[int], list[int]]:
         roles = [message.get("role") for message in messages]
         return self._encode_segments(roles, self._segments(messages, add_generation_prompt), add_generation_prompt)
+
+    def encode_chats(self, conversations: Sequence[Sequence[Message]]) -> list[tuple[list[int], list[int]]]:
+        """`encode_chat` of each conversation, every distinct text of them encoded in one batched call (the
+        tokenizer spreads a batch over its threads, and a call per conversation costs ~1 ms)."""
+        texts = [self._segment_texts(messages, add_generation_prompt=False) for messages in conversations]
+        distinct = list(dict.fromkeys(text for conversation_texts in texts for text in conversation_texts))
+        ids = dict(zip(distinct, self._hf(distinct, add_special_tokens=False)["input_ids"]))
+        return [self._encode_segments([message.get("role") for message in messages],
+                                      [list(ids[text]) for text in conversation_texts], add_generation_prompt=False)
+                for messages, conversation_texts in zip(conversations, texts)]
 
     def encode_turn_suffix(
         self, messages: Sequence[Message], add_generation_prompt: bool = True

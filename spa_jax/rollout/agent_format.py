@@ -203,8 +203,17 @@ def build_sft_example(conversation: Conversation, tokenizer) -> SftExample:
   Fails loudly (ValueError) unless there is one masked span per assistant turn, each decoding to
   the turn's text followed by the end-of-turn token (spa-rl.md §7.8).
   """
+  return _checked_sft_example(conversation, *tokenizer.encode_chat(list(conversation.messages)), tokenizer)
+
+
+def build_sft_examples(conversations: Sequence[Conversation], tokenizer) -> list[SftExample]:
+  """`build_sft_example` of each conversation, encoded together (`Tokenizer.encode_chats`)."""
+  encodings = tokenizer.encode_chats([list(c.messages) for c in conversations])
+  return [_checked_sft_example(c, ids, mask, tokenizer) for c, (ids, mask) in zip(conversations, encodings)]
+
+
+def _checked_sft_example(conversation: Conversation, ids: list[int], mask: list[int], tokenizer) -> SftExample:
   messages = list(conversation.messages)
-  ids, mask = tokenizer.encode_chat(messages)
   spans = _runs(mask)
   assistant_turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
   if not assistant_turns:

@@ -5,7 +5,8 @@ Data: ScriptedExpert episodes on the train split (`sft.data="expert"`), or an ET
 step turns (`build_sft_example(...).step_mask`), plus, with `sft.context_loss_weight > 0`, the other
 tokens at that weight (a language-model loss that teaches a randomly initialised model to copy). Batches group examples of similar length
 (length buckets); their order is a pure function of (seed, epoch), so a run restored from its
-latest Orbax checkpoint (train state + step) continues exactly where it stopped.
+latest Orbax checkpoint (train state + step) continues exactly where it stopped. The step of every
+padded length compiles before the first step (summary: time_compile_s), so none stalls the loop.
 Writes: policies/sft/ (HF directory), checkpoints/sft/<config hash>/, metrics/sft.jsonl, plots/sft.png.
 """
 
@@ -24,9 +25,9 @@ from spa_jax.rollout import agent_format as af
 from spa_jax.stages import common
 from spa_jax.training.batch import bucketed_length, check_has_agent_tokens
 from spa_jax.training.checkpoint import Checkpointer
-from spa_jax.training.global_batch import to_global_batch
+from spa_jax.training.global_batch import global_batch_shapes, to_global_batch
 from spa_jax.training.optim import OptimizerConfig, learning_rate_schedule, make_optimizer
-from spa_jax.training.steps import make_sft_step
+from spa_jax.training.steps import compile_ahead, make_sft_step
 from spa_jax.training.train_state import abstract_train_state, create_train_state
 from spa_jax.workspace import Workspace
 
@@ -58,7 +59,7 @@ def load_examples(cfg: ml_collections.ConfigDict, tokenizer) -> tuple[list[af.Sf
                    else af.read_fastchat_sft(cfg.sft.data))
   if not conversations:
     raise ValueError(f"SFT data {cfg.sft.data!r} gave no conversations; check sft.data / sft.expert_episodes")
-  examples = [af.build_sft_example(c, tokenizer) for c in conversations]
+  examples = af.build_sft_examples(conversations, tokenizer)
   kept = [e for e in examples if len(e.ids) <= cfg.sft.max_len]
   if not kept:
     raise ValueError(f"every SFT example is longer than sft.max_len={cfg.sft.max_len} "
@@ -156,29 +157,37 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
 
   step_fn = make_sft_step(state, num_micro_batches=cfg.sft.batch_size // cfg.sft.micro_batch_size)
   times["time_init_s"] = time.perf_counter() - started
+  first_step = int(state.step)
+
+  def local_batch(rows: list[int], seq_len: int) -> dict[str, np.ndarray]:
+    return _process_rows(sft_batch(examples, rows, seq_len, cfg.sft.batch_size, tokenizer.pad_id,
+                                   cfg.sft.context_loss_weight))
+
+  with tracking.timed(times, "time_compile_s"):  # every padded length's step, side by side
+    compiled_steps = compile_ahead(
+        step_fn, state, {seq_len: global_batch_shapes(local_batch([], seq_len), mesh)
+                         for seq_len in sorted({seq_len for seq_len, _ in plan[first_step:]})}, mesh)
   schedule = learning_rate_schedule(opt_cfg)
   metadata = {"config_hash": common.stage_config_hash(cfg, "sft"), "total_steps": len(plan)}
-  losses = []
+  final_loss = None
+  train_started = time.perf_counter()
   with tracking.MetricsWriter(ws, "sft", cfg.tracking.tensorboard, append=resumed) as writer, \
-      tracking.progress(len(plan), "sft", unit="step", enabled=cfg.tracking.progress) as bar, \
-      jax.set_mesh(mesh):
-    first_step = int(state.step)
+      tracking.progress(len(plan), "sft", unit="step", enabled=cfg.tracking.progress) as bar:
     bar.update(first_step)
     for step in range(first_step, len(plan)):
       seq_len, rows = plan[step]
-      local = _process_rows(sft_batch(examples, rows, seq_len, cfg.sft.batch_size, tokenizer.pad_id,
-                                      cfg.sft.context_loss_weight))
-      state, metrics = step_fn(state, to_global_batch(local, mesh))
-      losses.append(float(metrics["sft_loss"]))
-      if step == first_step:  # with its compilation
-        times["time_first_step_s"] = time.perf_counter() - started - times["time_init_s"]
+      state, metrics = compiled_steps[seq_len](state, to_global_batch(local_batch(rows, seq_len), mesh))
       bar.update(1)
-      bar.set_postfix(loss=f"{losses[-1]:.3f}")
       if (step + 1) % cfg.tracking.log_every == 0 or step + 1 == len(plan):
+        # the loop's only wait for the device: between logging steps the next batch is built while
+        # the device runs the previous one
+        metrics = jax.device_get(metrics)
+        final_loss = float(metrics["sft_loss"])
+        bar.set_postfix(loss=f"{final_loss:.3f}")
         writer.write(step + 1, {**metrics, "learning_rate": schedule(step)})
       ckpt.save(step + 1, state, metadata, force=step + 1 == len(plan))
   ckpt.close()
-  times["time_train_s"] = time.perf_counter() - started - times["time_init_s"]  # the steps and their checkpoints
+  times["time_train_s"] = time.perf_counter() - train_started  # the steps and their checkpoints
 
   outputs = common.save_policy(ws, "sft", state.model(), model_cfg)
   if cfg.tracking.plots and distributed.is_main_process():
@@ -188,4 +197,4 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
           "padded_lengths": sorted({seq_len for seq_len, _ in plan}),  # one compiled step each
           **{name: round(seconds, 2) for name, seconds in times.items()},
           "agent_tokens": int(sum(sum(e.step_mask) for e in examples)),
-          "final_loss": losses[-1] if losses else None, "outputs": outputs}
+          "final_loss": final_loss, "outputs": outputs}

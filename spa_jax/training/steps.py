@@ -11,11 +11,15 @@ m, m + M, ...: every micro-batch spans all batch shards). Gradients of
 (loss sum of the micro-batch) / (count over the whole batch) are summed in a `lax.scan`, so the
 result equals the full-batch mean exactly and only one micro-batch's activations are live.
 Update steps take no rng: no loss samples (there is no dropout).
+
+`compile_ahead` compiles an update step for several batch shapes before a training loop, side by side,
+so that no shape compiles mid-loop.
 """
 
+import concurrent.futures
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import jax
@@ -105,6 +109,21 @@ def _jit_update(step_fn, state_template):
     return _constrain_to(new_state, shardings), metrics
 
   return jax.jit(pinned, donate_argnums=0)
+
+
+def compile_ahead(step_fn, state: Any, batches: Mapping[Hashable, Batch], mesh: jax.sharding.Mesh
+                  ) -> dict[Hashable, jax.stages.Compiled]:
+  """The jitted `step_fn(state, batch)` compiled for each of `batches` (abstract arrays, e.g.
+  `global_batch_shapes`, or real ones), keyed as they are: call these executables in place of `step_fn`
+  (same state donation; a batch of another shape or sharding raises instead of compiling).
+
+  The compilations run in threads: XLA compiles without the GIL, so they overlap (tracing does not)."""
+  def compile_one(batch):
+    with jax.set_mesh(mesh):  # the mesh context is per thread
+      return step_fn.lower(state, batch).compile()
+
+  with concurrent.futures.ThreadPoolExecutor(max(1, len(batches))) as pool:
+    return dict(zip(batches, pool.map(compile_one, batches.values())))
 
 
 # ----------------------------------------------------------------------------- SFT

@@ -211,6 +211,12 @@ def test_assistant_mask_covers_exactly_assistant_content_and_end_of_turn(any_tok
         assert any_tok.decode(span[:-1]) == reply
 
 
+def test_encode_chats_equals_encode_chat_of_each_conversation(any_tok):
+    """The batched encoding (SFT data) of conversations with shared and distinct texts and role orders."""
+    conversations = [CONVERSATION, CONVERSATION[:3], CONVERSATION[1:], [{"role": "user", "content": "only me"}]]
+    assert any_tok.encode_chats(conversations) == [any_tok.encode_chat(c) for c in conversations]
+
+
 @pytest.mark.parametrize("first", [0, 1])  # with and without a system message
 def test_incremental_turns_concatenate_to_whole_conversation(any_tok, first):
     """Opening prompt + (reply + next user turn + header)* == encode_chat of the whole conversation,

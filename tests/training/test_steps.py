@@ -10,7 +10,9 @@ from flax import nnx
 from conftest import tiny_config, tiny_llama, toy_trajectories
 from spa_jax.models import Llama, ValueModel, apply_lora
 from spa_jax.training import steps
+from spa_jax.sharding import make_mesh, shard_model
 from spa_jax.training.batch import sum_tokens_per_step, trim_to_steps
+from spa_jax.training.global_batch import global_batch_shapes, to_global_batch
 from spa_jax.training.optim import OptimizerConfig, make_optimizer
 from spa_jax.training.ppo_targets import ppo_targets
 from spa_jax.training.rewards import step_rewards
@@ -51,6 +53,34 @@ def test_sft_loss_decreases_and_micro_batching_is_exact():
   assert float(full_metrics["num_tokens"]) == float(batch["loss_mask_bt"].sum())
   for a, b in zip(jax.tree.leaves(full.params), jax.tree.leaves(micro.params)):
     np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)
+
+
+def test_sft_steps_compiled_ahead_for_two_lengths_equal_the_jitted_step():
+  """The SFT stage's path: one executable per padded length, compiled side by side before the loop,
+  called in turn on the donated state; it gives the jitted step's losses and parameters."""
+  mesh = make_mesh()  # every device: under --xla_force_host_platform_device_count=8, sharded
+  lengths = (32, 48)
+  local = {seq_len: {key: value for key, value in toy_trajectories(num_rows=8, seq_len=seq_len, seed=seq_len).items()
+                     if key in ("tokens_bt", "positions_bt", "loss_mask_bt")} for seq_len in lengths}
+  with jax.set_mesh(mesh):
+    jitted_state = create_train_state(shard_model(tiny_llama(), mesh), adamw(3e-3))
+    ahead_state = create_train_state(shard_model(tiny_llama(), mesh), adamw(3e-3))
+    jitted_step = steps.make_sft_step(jitted_state, num_micro_batches=2)
+    ahead_step = steps.make_sft_step(ahead_state, num_micro_batches=2)
+  compiled = steps.compile_ahead(ahead_step, ahead_state,
+                                 {seq_len: global_batch_shapes(local[seq_len], mesh) for seq_len in lengths}, mesh)
+  assert sorted(compiled) == list(lengths)
+  for seq_len in (32, 48, 48, 32):
+    batch = to_global_batch(local[seq_len], mesh)
+    with jax.set_mesh(mesh):
+      jitted_state, jitted_metrics = jitted_step(jitted_state, batch)
+    ahead_state, ahead_metrics = compiled[seq_len](ahead_state, batch)
+    np.testing.assert_allclose(ahead_metrics["sft_loss"], jitted_metrics["sft_loss"], rtol=1e-6)
+  assert int(ahead_state.step) == 4
+  for a, b in zip(jax.tree.leaves(ahead_state.params), jax.tree.leaves(jitted_state.params), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  with pytest.raises(Exception, match="(?i)shape|sharding|argument"):  # another length: no silent compile
+    compiled[32](ahead_state, to_global_batch(local[48], mesh))
 
 
 def test_lora_step_leaves_base_weights_bit_identical():
