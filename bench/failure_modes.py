@@ -1,0 +1,140 @@
+"""How episodes fail, from recorded trajectories: what PPO has left to fix and whether it can.
+
+    .venv/bin/python bench/failure_modes.py --root /tmp/spa            # spa_bench's seed<k>_<arm> workspaces
+    .venv/bin/python bench/failure_modes.py --root runs/default --iterations 5 --no-results
+
+For every PPO run under --root (each workspace's trajectories/ppo_<mode>_it*.jsonl: train rollouts at
+the sampling temperature; ppo_<mode>_eval*.jsonl: greedy held-out episodes), pooled over the
+workspaces of the same arm: the first and the last --iterations iterations' rollouts, the first
+held-out evaluation (the SFT policy) and each run's last one. Per group:
+  success %                       final reward 1.0
+  bought without the option %     an episode that opened a product, clicked a value the product page
+                                  does not offer (an invalid click, e.g. click[natural] on a page
+                                  listing only sizes) and bought it anyway: its r_option is 0
+  other failures %                every other episode below reward 1.0 (wrong attributes, price, no purchase)
+  went back %                     episodes with a "< Prev" or "Back to Search" click
+  success after going back %      of those, the share that succeeded
+  opened 2+ products %            episodes that opened more than one product page
+A failure mode that no rollout escapes (the policy never goes back) is one on-policy PPO cannot
+reinforce, with any reward. Appends a section to bench/RESULTS.md (unless --no-results) and ends with
+ONE JSON line on stdout.
+"""
+
+import argparse
+import collections
+import json
+import pathlib
+import re
+import sys
+
+import results_log
+
+_PRODUCT_CLICK = re.compile(r"^click\[b0[0-9a-z]{8}\]$", re.IGNORECASE)
+_CLICK = re.compile(r"^click\[(.*)\]$", re.IGNORECASE)
+_BACK = ("< prev", "back to search")
+_RUN_FILE = re.compile(r"^ppo_(?P<mode>.+)_(?P<kind>it|eval)(?P<index>\d+)\.p\d+\.jsonl$")
+
+
+def _clicked(action: str) -> str:
+  """What a click action names, lower-cased ("" for other actions)."""
+  match = _CLICK.match(action.strip())
+  return match[1].strip().lower() if match else ""
+
+
+def episode_features(record: dict) -> dict[str, bool]:
+  """The failure-mode flags of one trajectory record (spa_jax.rollout's JSONL)."""
+  actions = [(step.get("parsed_action") or "", bool(step.get("valid"))) for step in record["steps"]]
+  opened = [i for i, (action, valid) in enumerate(actions) if valid and _PRODUCT_CLICK.match(action)]
+  invalid_value_click = any(
+      not valid and action.lower().startswith("click[") and "buy now" not in action.lower()
+      for action, valid in actions[opened[0] + 1:]) if opened else False
+  return {"success": bool(record["success"]),
+          "bought_without_option": invalid_value_click and bool(record["purchased"]) and not record["success"],
+          "went_back": any(_clicked(action) in _BACK for action, _ in actions),
+          "opened_two": len(opened) >= 2}
+
+
+def group_summary(records: list[dict]) -> dict[str, float]:
+  flags = [episode_features(r) for r in records]
+  n = len(flags)
+  back = [f for f in flags if f["went_back"]]
+  share = lambda count, total: round(100.0 * count / total, 1) if total else None  # None: no such episode
+  bought = sum(f["bought_without_option"] for f in flags)
+  return {"episodes": n, "success": share(sum(f["success"] for f in flags), n),
+          "bought_without_option": share(bought, n),
+          "other_failures": share(n - sum(f["success"] for f in flags) - bought, n),
+          "went_back": share(len(back), n), "success_after_back": share(sum(f["success"] for f in back), len(back)),
+          "opened_two": share(sum(f["opened_two"] for f in flags), n)}
+
+
+def run_files(workspace: pathlib.Path) -> dict[str, dict[str, list[tuple[int, pathlib.Path]]]]:
+  """{mode: {"it": [(index, file)...], "eval": [...]}} of one workspace's PPO trajectory files, sorted."""
+  runs = collections.defaultdict(lambda: {"it": [], "eval": []})
+  for path in (workspace / "trajectories").glob("ppo_*.jsonl"):
+    match = _RUN_FILE.match(path.name)
+    if match:
+      runs[match["mode"]][match["kind"]].append((int(match["index"]), path))
+  return {mode: {kind: sorted(files) for kind, files in kinds.items()} for mode, kinds in runs.items()}
+
+
+def read_records(paths: list[pathlib.Path]) -> list[dict]:
+  return [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
+
+
+def arm_of(workspace: pathlib.Path, mode: str) -> str:
+  """spa_bench's workspaces are seed<k>_<arm>; any other workspace is reported by its reward mode."""
+  match = re.match(r"^seed\d+_(.+)$", workspace.name)
+  return match[1] if match else mode
+
+
+def collect(root: pathlib.Path, iterations: int) -> dict[str, dict[str, dict]]:
+  """{arm: {group: summary}} pooled over every workspace under `root` (itself included)."""
+  groups = collections.defaultdict(lambda: collections.defaultdict(list))
+  runs = collections.Counter()
+  for workspace in sorted({p.parent.parent for p in root.glob("**/trajectories/ppo_*.jsonl")}):
+    for mode, files in run_files(workspace).items():
+      arm = arm_of(workspace, mode)
+      runs[arm] += 1
+      rollouts = [path for _, path in files["it"]]
+      groups[arm][f"train rollouts, first {iterations} iterations"] += rollouts[:iterations]
+      groups[arm][f"train rollouts, last {iterations} iterations"] += rollouts[-iterations:]
+      if files["eval"]:
+        groups[arm]["greedy held-out, before PPO"] += [files["eval"][0][1]]
+        groups[arm]["greedy held-out, the run's last evaluation"] += [files["eval"][-1][1]]
+  if not runs:
+    raise SystemExit(f"no trajectories/ppo_*.jsonl under {root}: point --root at a workspace or spa_bench's root")
+  return {arm: {"runs": runs[arm], **{group: group_summary(read_records(paths)) for group, paths in by_group.items()}}
+          for arm, by_group in groups.items()}
+
+
+def table(report: dict[str, dict]) -> str:
+  lines = ["| arm (runs) | episodes | success % | bought without the option % | other failures % | went back % "
+           "| success after going back % | opened 2+ products % |", "|---|---|---|---|---|---|---|---|"]
+  for arm, groups in report.items():
+    for group, s in groups.items():
+      if group == "runs":
+        continue
+      cells = [s[key] for key in ("episodes", "success", "bought_without_option", "other_failures", "went_back",
+                                  "success_after_back", "opened_two")]
+      lines.append(f"| {arm} ({groups['runs']}): {group} | " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
+  return "\n".join(lines)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--root", required=True, type=pathlib.Path)
+  parser.add_argument("--iterations", type=int, default=3, help="the first and last N iterations' rollouts")
+  parser.add_argument("--title", default="", help="what the runs under --root are (for the RESULTS heading)")
+  parser.add_argument("--no-results", action="store_true")
+  args = parser.parse_args()
+  report = collect(args.root, args.iterations)
+  body = table(report)
+  print(body, file=sys.stderr)
+  if not args.no_results:
+    results_log.append_section(f"failure_modes{': ' + args.title if args.title else ''}",
+                               " ".join(["python", "bench/failure_modes.py", *sys.argv[1:]]), body)
+  print(json.dumps(report))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,52 @@
+"""bench/failure_modes.py: the failure-mode flags of recorded episodes and their pooling over runs."""
+
+import json
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "bench"))
+import failure_modes  # noqa: E402
+
+
+def _episode(actions: list[tuple[str, bool]], success: bool, purchased: bool = True) -> dict:
+  return {"success": success, "purchased": purchased,
+          "steps": [{"parsed_action": action, "valid": valid} for action, valid in actions]}
+
+
+SEARCH = ("search[storage baskets]", True)
+BOUGHT_WITHOUT = _episode([SEARCH, ("click[B0262LPGH8]", True), ("click[natural]", False), ("click[Buy Now]", True)], False)
+BACK_THEN_OK = _episode([SEARCH, ("click[B0262LPGH8]", True), ("click[< Prev]", True), ("click[B07AU9CBG2]", True),
+                         ("click[natural]", True), ("click[Buy Now]", True)], True)
+WRONG_VALID_OPTION = _episode([SEARCH, ("click[B0262LPGH8]", True), ("click[large]", True), ("click[Buy Now]", True)], False)
+INVALID_BEFORE_OPENING = _episode([SEARCH, ("click[natural]", False), ("click[B0262LPGH8]", True),
+                                   ("click[Buy Now]", True)], False)
+
+
+def test_an_invalid_value_click_after_opening_a_product_then_buying_is_the_option_failure():
+  assert failure_modes.episode_features(BOUGHT_WITHOUT) == {
+      "success": False, "bought_without_option": True, "went_back": False, "opened_two": False}
+  assert failure_modes.episode_features(BACK_THEN_OK) == {
+      "success": True, "bought_without_option": False, "went_back": True, "opened_two": True}
+  # a valid (wrong) option and an invalid click before any product page are other failures
+  assert not failure_modes.episode_features(WRONG_VALID_OPTION)["bought_without_option"]
+  assert not failure_modes.episode_features(INVALID_BEFORE_OPENING)["bought_without_option"]
+
+
+def test_runs_pool_by_arm_first_and_last_iterations_apart(tmp_path):
+  def write(workspace: str, name: str, episodes: list[dict]):
+    path = tmp_path / workspace / "trajectories" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(e) + "\n" for e in episodes))
+  for seed in (0, 1):
+    write(f"seed{seed}_sparse", "ppo_sparse_it0000.p0.jsonl", [BOUGHT_WITHOUT, BOUGHT_WITHOUT])
+    write(f"seed{seed}_sparse", "ppo_sparse_it0001.p0.jsonl", [BOUGHT_WITHOUT, WRONG_VALID_OPTION])
+    write(f"seed{seed}_sparse", "ppo_sparse_it0002.p0.jsonl", [BACK_THEN_OK, WRONG_VALID_OPTION])
+  write("seed0_spa_penalty", "ppo_spa_it0000.p0.jsonl", [BACK_THEN_OK])
+  report = failure_modes.collect(tmp_path, iterations=1)
+  assert set(report) == {"sparse", "spa_penalty"} and report["sparse"]["runs"] == 2
+  first, last = report["sparse"]["train rollouts, first 1 iterations"], report["sparse"]["train rollouts, last 1 iterations"]
+  assert first == {"episodes": 4, "success": 0.0, "bought_without_option": 100.0, "other_failures": 0.0,
+                   "went_back": 0.0, "success_after_back": None, "opened_two": 0.0}
+  assert last == {"episodes": 4, "success": 50.0, "bought_without_option": 0.0, "other_failures": 50.0,
+                  "went_back": 50.0, "success_after_back": 100.0, "opened_two": 50.0}
+  assert "| spa_penalty (1): train rollouts, first 1 iterations | 1 | 100.0 |" in failure_modes.table(report)
