@@ -14,6 +14,12 @@ def sft_section(preset: str) -> ml_collections.ConfigDict:
       # "expert": ScriptedExpert episodes on sft.train_split; or a path to an ETO webshop_sft.json
       data="expert",
       expert_episodes=config_dict.placeholder(int),  # None: one per train task (tiny: 2,137 goals)
+      # Share of the expert's episodes (drawn per goal) that show going back from a product that lacks a
+      # value the instruction asks for, where the plain instruction query lists one first (about 40% of
+      # the embedded goals): search, open it, say what it lacks, click[< Prev], open a good one. 0: the
+      # expert never opens such a product, and a cloned policy never goes back (bench/RESULTS.md,
+      # failure_modes, 2026-12-07).
+      expert_recovery=0.0,
       # the goals of the expert demonstrations; unset: env.train_split, the goals exploration and PPO
       # roll out on. A part of it keeps RL on goals SFT has not seen, e.g. sft.train_split="train[:1000]"
       # with env.train_split="train[1000:]" (an SFT policy explores its own demonstrations' goals

@@ -286,6 +286,7 @@ def _sft_explore_prm_errors(errors: list[str], cfg) -> None:
     _existing_path(errors, cfg, "sft.data", "(a webshop_sft.json file, or 'expert')")
   _choice(errors, cfg, "sft.schedule", SFT_SCHEDULES)
   _check(errors, cfg, "sft.warmup_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
+  _check(errors, cfg, "sft.expert_recovery", lambda v: 0 <= v <= 1, "in [0, 1] (the share of expert episodes that go back)")
   _at_least(errors, cfg, "sft.context_loss_weight", 0.0)
   _at_least(errors, cfg, "explore.samples_per_task", 1)
   _choice(errors, cfg, "prm.dtype", ("", *DTYPES))  # "": model.dtype

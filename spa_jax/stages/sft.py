@@ -39,7 +39,7 @@ def expert_conversations(cfg: ml_collections.ConfigDict) -> list[af.Conversation
 
   catalogue = common.load_catalogue(cfg)
   env = WebShopEnv(catalogue, **common.env_kwargs(cfg))
-  expert = ScriptedExpert(catalogue)
+  expert = ScriptedExpert(catalogue, recovery_rate=cfg.sft.expert_recovery, seed=cfg.seed)
   conversations = []
   for goal in common.split_tasks(cfg, cfg.sft.train_split or cfg.env.train_split, cfg.sft.expert_episodes):
     steps = run_expert_episode(env, goal, expert)
@@ -50,6 +50,10 @@ def expert_conversations(cfg: ml_collections.ConfigDict) -> list[af.Conversation
     for step in steps:
       messages += [af.user(af.observation_message(step.observation)), af.assistant(step.response)]
     conversations.append(af.Conversation(tuple(messages), len(prompt)))
+  if cfg.sft.expert_recovery:
+    back = sum(any(m["content"].endswith("click[< Prev]") for m in c.messages) for c in conversations)
+    logging.info("sft: %d of %d expert demonstrations go back from a product without a requested value "
+                 "(sft.expert_recovery=%s)", back, len(conversations), cfg.sft.expert_recovery)
   return conversations
 
 

@@ -101,3 +101,48 @@ def test_expert_on_the_real_1k_catalogue(tmp_path):
     env, expert = WebShopEnv(catalogue), ScriptedExpert(catalogue)
     rewards = [run_expert_episode(env, g, expert)[-1].reward for g in range(0, len(catalogue.goals), 140)]
     assert sum(rewards) / len(rewards) >= 0.9
+
+
+@pytest.fixture(scope="module")
+def recovery_episodes():
+    catalogue = Catalogue.embedded_default()
+    env = WebShopEnv(catalogue)
+    goals = catalogue.split("test")
+    return catalogue, goals, {rate: [run_expert_episode(env, g, ScriptedExpert(catalogue, recovery_rate=rate)) for g in goals]
+                              for rate in (0.0, 0.5, 1.0)}
+
+
+def _went_back(steps) -> list[int]:
+    return [i for i, step in enumerate(steps) if action_of(step.response) == "click[< Prev]"]
+
+
+def test_recovery_episodes_go_back_from_a_product_without_a_requested_value_then_buy_a_good_one(recovery_episodes):
+    _, _, episodes = recovery_episodes
+    detours = [steps for steps in episodes[1.0] if _went_back(steps)]
+    assert len(detours) >= 0.25 * len(episodes[1.0])  # about 40% of the embedded goals list such a product first
+    for steps in detours:
+        (back,) = _went_back(steps)
+        assert action_of(steps[back - 1].response).startswith("click[B0")  # right after opening a product
+        missing = re.search(r"does not offer (.+), which the instruction asks for", steps[back].response)[1]
+        assert missing in {v.lower() for v in steps[-1].info["goal"]["goal_options"].values()}
+        assert f" [sep] {missing} [sep] " not in steps[back].observation.lower()  # the page shows it is missing
+        assert f" [sep] {missing} [sep] " in steps[back + 2].observation.lower()  # the good product's page has it
+        assert all(TURN.fullmatch(s.response) and s.info["valid"] for s in steps)
+        assert action_of(steps[back + 1].response) != action_of(steps[back - 1].response)  # another product
+    assert sum(steps[-1].reward for steps in detours) / len(detours) >= 0.95
+
+
+def test_recovery_is_drawn_per_goal_and_leaves_the_other_episodes_as_they_were(recovery_episodes):
+    catalogue, goals, episodes = recovery_episodes
+    responses = lambda steps: [s.response for s in steps]
+    assert not any(_went_back(steps) for steps in episodes[0.0])
+    half = [bool(_went_back(steps)) for steps in episodes[0.5]]
+    assert 0 < sum(half) < sum(bool(_went_back(steps)) for steps in episodes[1.0])
+    for steps, plain, went_back in zip(episodes[0.5], episodes[0.0], half):
+        assert went_back or responses(steps) == responses(plain)
+    env = WebShopEnv(catalogue)  # the same goals in reverse order draw the same detours
+    expert = ScriptedExpert(catalogue, recovery_rate=0.5)
+    reverse = [run_expert_episode(env, g, expert) for g in reversed(goals)][::-1]
+    assert [responses(s) for s in reverse] == [responses(s) for s in episodes[0.5]]
+    with pytest.raises(ValueError, match=r"recovery_rate=1.5: must be in \[0, 1\]"):
+        ScriptedExpert(catalogue, recovery_rate=1.5)

@@ -86,6 +86,7 @@ def test_unknown_preset_is_rejected():
     ("ppo.eval_tasks", 0, "config.ppo.eval_tasks=0: must be > 0 goals"),
     ("ppo.critic_warmup", 2, "config.ppo.critic_warmup=2: must be >= 0 and below ppo.iterations=2"),
     ("ppo.warmup_updates", -1, "config.ppo.warmup_updates=-1: must be >= 0"),
+    ("sft.expert_recovery", 1.5, "config.sft.expert_recovery=1.5: must be in [0, 1]"),
     ("prm.validation_fraction", 1.0, "config.prm.validation_fraction=1.0: must be in [0, 1)"),
     ("label.grounding_form", "none", "config.label.grounding_form='none': must be one of ('bonus', 'penalty')"),
 ])

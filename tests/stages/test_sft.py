@@ -32,6 +32,14 @@ def test_sft_train_split_picks_the_demonstration_goals_apart_from_the_rl_goals(m
   assert not set(instructions(apart)) & set(instructions(shared))
 
 
+def test_expert_recovery_adds_demonstrations_that_go_back(micro_config):
+  went_back = lambda cfg: [any(m["content"].endswith("Action: click[< Prev]") for m in c.messages)
+                           for c in sft.expert_conversations(cfg)]
+  plain = went_back(micro_config("sft", {"sft.expert_episodes": 24}))
+  recovering = went_back(micro_config("sft", {"sft.expert_episodes": 24, "sft.expert_recovery": 1.0}))
+  assert len(plain) == len(recovering) and not any(plain) and sum(recovering) >= 4
+
+
 def test_expert_examples_train_on_the_agent_steps_only(micro_config):
   cfg = micro_config("sft")
   tokenizer = common.load_tokenizer(cfg, Workspace(cfg.workspace))

@@ -12,10 +12,19 @@ page), and to tell apart near misses whose titles look alike. Near-duplicate lis
 "open the first good result" (88% of the train demonstrations open the top result) is a rule a small
 model can learn where "open the one hidden target" (54%) is not.
 
+With `recovery_rate` > 0, that share of the episodes (drawn per goal) also shows a way out of the
+mistake the "open the first result" rule leads to: where the plain instruction query lists first a
+product that does not offer a value the instruction asks for, and a product as good as the target on
+the same page, the expert searches with that query, opens the first result, says which value the page
+does not offer, goes back (`click[< Prev]`) and opens the good one. Without such demonstrations a policy
+cloned from the expert never goes back (bench/RESULTS.md, failure_modes, 2026-12-07), so RL cannot
+reinforce going back either.
+
 Each turn is two lines, `Thought: ...` and `Action: ...`. `run_expert_episode` plays one goal and
 returns its steps.
 """
 
+import random
 import re
 from typing import NamedTuple
 
@@ -44,19 +53,27 @@ class ScriptedExpert:
     """`act(obs, info) -> "Thought: ...\\nAction: ..."` for the goal in `info["goal"]`.
 
     One instance per concurrent episode: it remembers the options it already selected (text pages do not
-    show them) and forgets at every reset (`info["step_count"] == 0`).
+    show them) and forgets at every reset (`info["step_count"] == 0`). `recovery_rate`: the share of
+    episodes that demonstrate going back from a product without a requested value (module docstring),
+    drawn from (`seed`, the instruction), so a goal's demonstration does not depend on the order of play.
     """
 
-    def __init__(self, catalogue):
+    def __init__(self, catalogue, recovery_rate: float = 0.0, seed: int = 0):
+        if not 0.0 <= recovery_rate <= 1.0:
+            raise ValueError(f"recovery_rate={recovery_rate}: must be in [0, 1] (the share of episodes that go back)")
         self.catalogue = catalogue
+        self.recovery_rate, self.seed = recovery_rate, seed
         self._asin_by_lower = {asin.lower(): asin for asin in catalogue.by_asin}
         self._selected: set[str] = set()
         self._searches = 0
+        self._detour: str | None = None  # this episode's query that lists a product without a value first
 
     def act(self, obs: str, info: dict) -> str:
+        goal = info["goal"]
         if info.get("step_count", 0) == 0:
             self._selected, self._searches = set(), 0
-        goal = info["goal"]
+            drawn = random.Random(f"{self.seed}:{goal['instruction_text']}").random() < self.recovery_rate
+            self._detour = self._detour_query(goal) if drawn else None
         available = info["available_actions"]
         clickables = available["clickables"]
         if available["has_search_bar"]:
@@ -70,8 +87,11 @@ class ScriptedExpert:
         raise ValueError("the episode is over (no clickables); reset the env before asking the expert to act")
 
     def _search(self, goal: dict) -> str:
-        """The n-th search of the episode uses the n-th query of `_ranked_queries`."""
+        """The n-th search of the episode uses the n-th query of `_ranked_queries` (a detour episode's
+        first search: its detour query)."""
         self._searches += 1
+        if self._detour is not None and self._searches == 1:
+            return _turn(f"I need {self._detour}; I'll search for it.", f"search[{self._detour}]")
         queries = self._ranked_queries(goal)
         query, reason = queries[min(self._searches, len(queries)) - 1]
         return _turn(f"I {reason}; I'll search for it.", f"search[{_BRACKETS.sub(' ', query).strip()}]")
@@ -104,8 +124,25 @@ class ScriptedExpert:
             return queries
         return [queries[best]] + [q for i, q in enumerate(queries) if i != best]
 
+    def _detour_query(self, goal: dict) -> str | None:
+        """The plain instruction query, when its first result lacks a value the instruction asks for
+        and a product as good as the target is listed on the same page (else None: no detour)."""
+        query = _BRACKETS.sub(" ", instruction_request(goal["instruction_text"])).strip()
+        page = self.catalogue.search_engine.search(query)[:PRODUCT_WINDOW]
+        if not page or self._missing_value(goal, page[0]) is None:
+            return None
+        good = self._first_as_good_as_target(goal, page)
+        return query if good is not None and good != page[0] else None
+
+    def _missing_value(self, goal: dict, asin: str) -> str | None:
+        """The first value the instruction asks for that product `asin` does not offer (None: it offers all)."""
+        offered = {value for values in self.catalogue.by_asin[asin].options.values() for value in values}
+        return next((value for value in _option_values(goal) if value not in offered), None)
+
     def _on_results(self, goal: dict, obs: str, clickables: list[str]) -> str:
         listed = [self._asin_by_lower[c] for c in clickables if c not in _NAVIGATION and c in self._asin_by_lower]
+        if self._detour is not None and listed:  # opens the first result, as a policy would
+            return self._click_product(goal, listed[0], "matches")
         good = self._first_as_good_as_target(goal, listed)
         if good is not None:
             return self._click_product(goal, good, "matches")
@@ -136,6 +173,11 @@ class ScriptedExpert:
         return _turn(f"{asin} {relation} the {goal['query']} I need; I'll open it.", f"click[{asin}]")
 
     def _on_item(self, goal: dict, obs: str, clickables: list[str]) -> str:
+        missing = next((value for value in _option_values(goal) if value not in clickables), None)
+        if self._detour is not None and missing is not None:
+            self._detour = None  # back on the results page, the expert chooses as it always does
+            return _turn(f"This product does not offer {missing}, which the instruction asks for; I'll go back.",
+                         _click(obs, "< prev"))
         for value in _option_values(goal):
             if value in clickables and value not in self._selected:
                 self._selected.add(value)
