@@ -60,7 +60,7 @@ RESULTS = REPO / "bench" / "RESULTS.md"
 SHAPE = "llama3.2-3b"
 PHASES = ("rollout", "rewards", "targets", "update")
 ITERATION_KEYS = ("trajectories", "score", "mean_steps", "policy_loss", "value_loss", "kl", "generated_tokens",
-                  "batch_tokens", "padded_tokens", "update_tokens")
+                  "batch_tokens", "padded_tokens", "targets_tokens", "update_tokens")
 LLAMA3_VOCAB = 128_256
 
 

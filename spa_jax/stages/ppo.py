@@ -12,7 +12,8 @@ Each agent turn is one action (step). Per iteration:
 3. old log-probs: the current (= sampling, online) policy before the update; reference log-probs:
    the frozen SFT policy (LoRA: the same network with adapters zeroed); values: the critic, a
    separate `ValueModel` (backbone from the SFT policy or the estimator, `ppo.critic_init`, fresh
-   head) read at each step's START (the last token before the action);
+   head) read at each step's START (the last token before the action); scored in length-sorted
+   chunks, each cut after its own last step (`score_rows`);
 4. targets (`training.ppo_targets`): KL-shaped rewards r_t - kl_coef KL_t, GAE over steps (a
    step-limit truncation is terminal: the env gives it reward 0), whitened advantages;
 5. `ppo_epochs` passes over shuffled mini-batches of `mini_batch_size * grad_accum` trajectories
@@ -28,8 +29,9 @@ sampler running other weights than the policy it is trained as. They also time t
 (wall seconds, compilation included: the first iteration compiles): `time_rollout_s` (1, online
 or offline data), `time_rewards_s` (2), `time_targets_s` (3-4), `time_update_s` (5); count the tokens
 (`generated_tokens` by the sampler, online; `batch_tokens` in the trajectories trained on;
-`padded_tokens` in their padded batch; `update_tokens`, the tokens of the update's mini-batches,
-trimmed, summed over its epochs); and, on
+`padded_tokens` in their padded batch; `targets_tokens`, the tokens the targets' scoring passes read,
+in length-sorted chunks each trimmed to its own longest row; `update_tokens`, the tokens of the
+update's mini-batches, trimmed, summed over its epochs); and, on
 GPU/TPU, `peak_memory_gb`: the device allocator's high-water mark at the iteration's end (GB since
 the process started, so it includes earlier stages run in the same process).
 
@@ -53,6 +55,7 @@ it on or off, so ppo.eval_every and ppo.eval_tasks are not part of the stage's f
 import contextlib
 import dataclasses
 import logging
+import math
 import shutil
 import time
 from typing import NamedTuple
@@ -74,7 +77,7 @@ from spa_jax.stages import common, label, prm
 from spa_jax.stages import eval as eval_stage
 from spa_jax.training.batch import trim_to_steps
 from spa_jax.training.checkpoint import Checkpointer
-from spa_jax.training.global_batch import to_global_batch
+from spa_jax.training.global_batch import batch_devices, to_global_batch
 from spa_jax.training.kl import make_kl_controller
 from spa_jax.training.optim import OptimizerConfig, make_optimizer
 from spa_jax.training.ppo_targets import ppo_targets
@@ -323,26 +326,61 @@ def sampler_agreement(batch: dict[str, np.ndarray], old_logp_bt: np.ndarray) -> 
 # ----------------------------------------------------------------------------- one iteration
 
 
-def targets_batch(shared: Shared, state: PPOState, batch: dict[str, np.ndarray], kl_coef: float) -> tuple[dict, dict]:
-  """The batch with old log-probs, old values, advantages and returns (host numpy), and the KL stats."""
+def scoring_chunk_rows(rows: int, grad_accum: int, mesh) -> int:
+  """Rows per scoring chunk: the smallest divisor of `rows` that is at least an update micro-batch
+  (rows / grad_accum) and splits over the batch's devices and processes (at most `rows`: one chunk)."""
+  unit = math.lcm(batch_devices(mesh), distributed.process_count())
+  return next(d for d in range(max(1, rows // grad_accum), rows + 1) if rows % d == 0 and d % unit == 0)
+
+
+def length_chunks(batch: dict[str, np.ndarray], chunk_rows: int) -> list[np.ndarray]:
+  """`batch`'s row indices sorted by where their last step ends, `chunk_rows` at a time: chunks of
+  similar lengths, each of which `trim_to_steps` cuts to its own longest row."""
+  order = np.argsort(batch["step_end_idx_bs"].max(axis=1), kind="stable")
+  return [order[start:start + chunk_rows] for start in range(0, len(order), chunk_rows)]
+
+
+def score_rows(shared: Shared, state: PPOState, batch: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+  """The old policy's and the reference's token log-probs and the critic's values at each step's start
+  for every row of `batch` (host numpy, `batch`'s shapes; 0 past a row's last step), and the tokens
+  scored. Rows go in length-sorted chunks of about an update micro-batch (`scoring_chunk_rows`), each
+  trimmed after its own last step: a causal model scores a row's steps the same without the cut
+  tokens, and short rows no longer pay for the iteration's longest."""
   cfg, mesh = shared.cfg, shared.mesh
   reference = shared.reference or lora_reference(state.policy)
-  micro = cfg.ppo.grad_accum
+  rows, seq_len = batch["tokens_bt"].shape
+  scored = {"old_logp_bt": np.zeros((rows, seq_len), np.float32), "ref_logp_bt": np.zeros((rows, seq_len), np.float32),
+            "old_values_bs": np.zeros(batch["step_mask_bs"].shape, np.float32)}
+  keys, tokens = ("tokens_bt", "positions_bt", "step_start_idx_bs", "step_end_idx_bs", "step_mask_bs"), 0
+  for index in length_chunks(batch, scoring_chunk_rows(rows, cfg.ppo.grad_accum, mesh)):
+    chunk = trim_to_steps({key: batch[key][index] for key in keys}, cfg.ppo.length_bucket)
+    tokens += chunk["tokens_bt"].size
+    with jax.set_mesh(mesh):
+      inputs = to_global_batch(prm.process_rows(chunk), mesh)
+      outputs = {"old_logp_bt": forward_logprobs(state.policy, inputs), "ref_logp_bt": forward_logprobs(reference, inputs),
+                 "old_values_bs": forward_step_values(state.critic, inputs, at="start")}
+    for key, value in outputs.items():
+      value = prm.to_host(value)
+      scored[key][index, :value.shape[1]] = value
+  return scored, tokens
+
+
+def targets_batch(shared: Shared, state: PPOState, batch: dict[str, np.ndarray], kl_coef: float) -> tuple[dict, dict]:
+  """The batch with old log-probs, old values, advantages and returns (host numpy), and the KL stats
+  (with `targets_tokens`: the tokens the scoring passes read, `score_rows`)."""
+  cfg, mesh = shared.cfg, shared.mesh
+  scored, targets_tokens = score_rows(shared, state, batch)
   with jax.set_mesh(mesh):
-    inputs = to_global_batch(prm.process_rows(batch), mesh)
-    old_logp_bt = forward_logprobs(state.policy, inputs, num_micro_batches=micro)
-    ref_logp_bt = forward_logprobs(reference, inputs, num_micro_batches=micro)
-    old_values_bs = forward_step_values(state.critic, inputs, at="start", num_micro_batches=micro)
-    targets = _ppo_targets(inputs, old_logp_bt=old_logp_bt, ref_logp_bt=ref_logp_bt, old_values_bs=old_values_bs,
-                          task_rewards_bs=inputs["task_rewards_bs"], kl_coef=jnp.float32(kl_coef),
-                          gamma=cfg.ppo.gamma, lam=cfg.ppo.gae_lambda, kl_estimator=cfg.ppo.kl.estimator,
-                          whiten_advantages=cfg.ppo.whiten_advantages)
-  extra = {"old_logp_bt": old_logp_bt, "old_values_bs": old_values_bs,
-           "advantages_bt": targets["advantages_bt"], "returns_bs": targets["returns_bs"]}
-  full = batch | {key: prm.to_host(value) for key, value in extra.items()}
+    inputs = to_global_batch(prm.process_rows(batch | scored), mesh)
+    targets = _ppo_targets(inputs, old_logp_bt=inputs["old_logp_bt"], ref_logp_bt=inputs["ref_logp_bt"],
+                          old_values_bs=inputs["old_values_bs"], task_rewards_bs=inputs["task_rewards_bs"],
+                          kl_coef=jnp.float32(kl_coef), gamma=cfg.ppo.gamma, lam=cfg.ppo.gae_lambda,
+                          kl_estimator=cfg.ppo.kl.estimator, whiten_advantages=cfg.ppo.whiten_advantages)
+  full = batch | {"old_logp_bt": scored["old_logp_bt"], "old_values_bs": scored["old_values_bs"],
+                  "advantages_bt": prm.to_host(targets["advantages_bt"]), "returns_bs": prm.to_host(targets["returns_bs"])}
   has_steps, steps = batch["step_mask_bs"].any(axis=1), batch["step_mask_bs"] > 0
   kl_b = prm.to_host(targets["kl_bs"]).sum(axis=1)[has_steps]
-  stats = {"kl": float(targets["mean_kl"]), "kl_coef": kl_coef,
+  stats = {"kl": float(targets["mean_kl"]), "kl_coef": kl_coef, "targets_tokens": targets_tokens,
            "kl_stderr": float(kl_b.std(ddof=1) / np.sqrt(kl_b.size)) if kl_b.size > 1 else float("nan"),
            "shaped_return": float(prm.to_host(targets["rewards_bs"]).sum(axis=1)[has_steps].mean()),
            "task_return": float(batch["task_rewards_bs"].sum(axis=1)[has_steps].mean()),

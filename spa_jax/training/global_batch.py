@@ -17,16 +17,20 @@ from jax.sharding import Mesh
 from spa_jax.sharding import logical_to_sharding
 
 
+def batch_devices(mesh: Mesh) -> int:
+  """The devices a global batch's rows are split over (mesh axes "data" and "fsdp")."""
+  return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
 def global_batch_shapes(local: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.ShapeDtypeStruct]:
   """The abstract global arrays [B_local * process_count, ...] `to_global_batch(local, mesh)` returns."""
   sizes = {np.shape(x)[0] for x in local.values()}
   if len(sizes) != 1:
     raise ValueError(f"all batch arrays need the same leading (batch) size, got {sorted(sizes)}")
   global_rows = sizes.pop() * jax.process_count()
-  batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
-  if global_rows % batch_devices:
+  if global_rows % batch_devices(mesh):
     raise ValueError(f"global batch of {global_rows} rows does not divide over the "
-                     f"{batch_devices} devices of mesh axes ('data', 'fsdp'); pad or resize it")
+                     f"{batch_devices(mesh)} devices of mesh axes ('data', 'fsdp'); pad or resize it")
   out = {}
   for name, x in local.items():
     global_shape = (global_rows,) + np.shape(x)[1:]

@@ -19,6 +19,7 @@ from spa_jax.models.decode_attention import ragged_cached_attention
 from spa_jax.stages import common, eval as eval_stage, label, ppo, prm
 from spa_jax.rollout.trajectory_store import read_trajectories
 from spa_jax.tracking import peak_memory_gb, read_metrics
+from spa_jax.training.global_batch import to_global_batch
 from spa_jax.workspace import Workspace
 from spa_workspace import make_config, workspace_copy
 
@@ -296,3 +297,34 @@ def test_policy_learning_rate_warms_up_over_its_first_updates_and_the_critic_doe
 
   np.testing.assert_allclose(moves(tx.policy, 6), lr * np.array([0, 1, 2, 3, 4, 4]) / warmup, rtol=1e-4, atol=1e-9)
   np.testing.assert_allclose(moves(tx.critic, 2), [lr, lr], rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_scoring_in_trimmed_length_chunks_equals_scoring_the_padded_batch(tmp_path_factory, tmp_path):
+  """`score_rows` (length-sorted chunks, each cut after its own last step) gives the old policy's and the
+  reference's log-probs and the critic's values of every step token the padded batch gives in one pass,
+  on fewer tokens; the targets built from them are the same."""
+  ws = Workspace(workspace_copy(tmp_path_factory, tmp_path))
+  cfg = make_config(ws.root, {"ppo.rollouts_per_iteration": 12, "ppo.mini_batch_size": 2, "ppo.grad_accum": 3,
+                              "ppo.reward_modes": "grounding_only", "ppo.length_bucket": 16, "eval.policies": "sft,ppo_*"})
+  shared = ppo.Shared(cfg=cfg, ws=ws, tokenizer=common.load_tokenizer(cfg, ws), mesh=common.make_mesh(cfg))
+  _, state = ppo.initial_state(cfg, ws, shared.mesh, ppo.optimizers(cfg))
+  state = state.replace(policy=_perturbed_lora(state.policy, 0.3, seed=2), critic=_perturbed_lora(state.critic, 0.3, seed=4))
+  sequences, _ = prm.load_sequences(read_trajectories(ws, prm.EXPLORE), shared.tokenizer, cfg.ppo.max_len)
+  batch = ppo.reward_batch(cfg, "grounding_only", sequences[:12], ppo.progress_of(shared, "grounding_only", sequences[:12]),
+                           shared.tokenizer.pad_id)
+  chunks = ppo.length_chunks(batch, ppo.scoring_chunk_rows(12, cfg.ppo.grad_accum, shared.mesh))
+  assert [len(c) for c in chunks] == [4, 4, 4] and sorted(np.concatenate(chunks)) == list(range(12))
+  scored, tokens = ppo.score_rows(shared, state, batch)
+  assert tokens < batch["tokens_bt"].size  # the short rows' chunks were cut
+  with jax.set_mesh(shared.mesh):
+    inputs = to_global_batch(prm.process_rows(batch), shared.mesh)
+    whole = {"old_logp_bt": ppo.forward_logprobs(state.policy, inputs),
+             "ref_logp_bt": ppo.forward_logprobs(ppo.lora_reference(state.policy), inputs),
+             "old_values_bs": ppo.forward_step_values(state.critic, inputs, at="start")}
+  in_steps = batch["step_id_bt"] >= 0
+  for key in ("old_logp_bt", "ref_logp_bt"):
+    np.testing.assert_allclose(scored[key][in_steps], np.asarray(whole[key])[in_steps], atol=2e-5)
+  assert np.abs(scored["old_logp_bt"] - scored["ref_logp_bt"])[in_steps].max() > 1e-3  # a moved policy
+  np.testing.assert_allclose(scored["old_values_bs"], np.asarray(whole["old_values_bs"]), atol=2e-5)
+  assert np.abs(scored["old_values_bs"]).max() > 1e-3
