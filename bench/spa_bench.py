@@ -29,8 +29,8 @@ grounding accuracy per policy), the estimator's held-out MSE / Pearson correlati
 runs' per-iteration train-rollout curves and, with `--set ppo.eval_every=K`, their held-out curves
 (greedy on the eval goals every K iterations: metrics/ppo_<mode>_eval.jsonl). Reported: mean,
 sample standard deviation and the 95% confidence interval of the mean (Student t) over seeds;
-reference rows for the scripted expert and the first-result policy on the same goals
-(bench/reference_policies.py); the paired per-seed difference SPA - sparse with its 95% CI; with
+reference rows for the scripted expert, the first-result and the goes-back policies on the same
+goals (bench/reference_policies.py); the paired per-seed difference SPA - sparse with its 95% CI; with
 held-out curves, per seed the first iteration at which SPA's held-out success rate reaches sparse's
 final one (as a fraction of sparse's iterations: the "half the iterations" criterion); a plot of
 train-rollout (and held-out) success rate and score against PPO iteration per reward mode (mean
@@ -229,7 +229,7 @@ def paired_difference(seeds: list[dict], a: str, b: str) -> dict[str, dict]:
 
 
 def reference(workdir: pathlib.Path) -> dict[str, dict[str, float]]:
-  """Expert and first-result policy on the workspace's eval goals (bench/reference_policies.py)."""
+  """The scripted reference policies on the workspace's eval goals (bench/reference_policies.py)."""
   from reference_policies import reference_rows
   from spa_jax import configuration
   from spa_jax.stages import common
