@@ -25,7 +25,6 @@ import collections
 import json
 import pathlib
 import re
-import sys
 
 import results_log
 
@@ -128,12 +127,8 @@ def main() -> None:
   parser.add_argument("--no-results", action="store_true")
   args = parser.parse_args()
   report = collect(args.root, args.iterations)
-  body = table(report)
-  print(body, file=sys.stderr)
-  if not args.no_results:
-    results_log.append_section(f"failure_modes{': ' + args.title if args.title else ''}",
-                               " ".join(["python", "bench/failure_modes.py", *sys.argv[1:]]), body)
-  print(json.dumps(report))
+  results_log.publish(f"failure_modes{': ' + args.title if args.title else ''}", table(report), report,
+                      results=not args.no_results)
 
 
 if __name__ == "__main__":

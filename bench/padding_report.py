@@ -16,9 +16,7 @@ Appends a section to bench/RESULTS.md (unless --no-results) and ends with ONE JS
 
 import argparse
 import collections
-import json
 import pathlib
-import sys
 
 import numpy as np
 
@@ -69,11 +67,8 @@ def main() -> None:
                     "|---|---|---|---|---|"] + [
       f"| {arm} | {r['iterations']} | {r['real']:,} | {r['padded']:,} ({r['padded_ratio']:.2f}x) | "
       f"{r['chunked']:,} ({r['chunked_ratio']:.2f}x) |" for arm, r in report.items()])
-  print(body, file=sys.stderr)
-  if not args.no_results:
-    results_log.append_section(f"padding_report{': ' + args.title if args.title else ''}",
-                               " ".join(["python", "bench/padding_report.py", *sys.argv[1:]]), body)
-  print(json.dumps(report))
+  results_log.publish(f"padding_report{': ' + args.title if args.title else ''}", body, report,
+                      results=not args.no_results)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,6 @@ goals to bench/RESULTS.md.
 """
 
 import argparse
-import json
-import sys
 
 import numpy as np
 from webshop import Catalogue, ScriptedExpert, WebShopEnv
@@ -90,12 +88,8 @@ def main() -> None:
   rows = reference_rows(catalogue, catalogue.split(args.split), max_steps=args.max_steps)
   body = "\n".join(["| policy | score | SR % |", "|---|---|---|"] + [
       f"| {name} (scripted) | {row['score']:.1f} | {row['success_rate']:.1f} |" for name, row in rows.items()])
-  print(body, file=sys.stderr)
-  if not args.no_results:
-    results_log.append_section(f"reference_policies: scripted reference rows on the embedded {args.split} goals, "
-                               f"{args.max_steps} steps per episode",
-                               " ".join(["python", "bench/reference_policies.py", *sys.argv[1:]]), body)
-  print(json.dumps(rows))
+  results_log.publish(f"reference_policies: scripted reference rows on the embedded {args.split} goals, "
+                      f"{args.max_steps} steps per episode", body, rows, results=not args.no_results)
 
 
 if __name__ == "__main__":

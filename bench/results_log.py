@@ -1,10 +1,13 @@
 """Appending a benchmark's section to bench/RESULTS.md: title with the UTC time, machine, command, commit."""
 
 import datetime
+import json
 import os
 import pathlib
 import platform
+import shlex
 import subprocess
+import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "RESULTS.md"
@@ -35,3 +38,12 @@ def append_section(title: str, command: str, body: str) -> None:
             f"- commit: {commit()}", "", ""]
   with RESULTS.open("a") as f:
     f.write("\n".join(header) + body + "\n")
+
+
+def publish(title: str, body: str, payload, *, results: bool) -> None:
+  """A benchmark's end: `body` (markdown) on stderr; with `results`, appended to RESULTS.md as section
+  `title` with the command line that ran; `payload` as ONE JSON line on stdout."""
+  print(body, file=sys.stderr)
+  if results:
+    append_section(title, shlex.join(["python", *sys.argv]), body)
+  print(json.dumps(payload))

@@ -121,15 +121,11 @@ def main() -> None:
   if done.returncode:
     raise SystemExit(f"spa_jax's SFT failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
   ours = ours_summary(workdir, time.perf_counter() - started)
-  body = table(peer, ours)
-  print(body, file=sys.stderr)
-  if not args.no_results:
-    results_log.append_section(
-        f"sft_peer_bench: SmolLM2-135M SFT against the PyTorch peer, {args.demos} demonstrations x {args.epochs} epochs"
-        f"{', ours with the one-shot demonstration' if args.one_shot else ''}",
-        " ".join(["python3", "bench/sft_peer_bench.py", *sys.argv[1:]]), body)
-  print(json.dumps({"peer": peer, "ours": ours, "step_ratio": peer["step_s"] / ours["step_s"],
-                    "job_ratio": peer["job_s"] / ours["job_s"]}))
+  results_log.publish(
+      f"sft_peer_bench: SmolLM2-135M SFT against the PyTorch peer, {args.demos} demonstrations x {args.epochs} epochs"
+      f"{', ours with the one-shot demonstration' if args.one_shot else ''}", table(peer, ours),
+      {"peer": peer, "ours": ours, "step_ratio": peer["step_s"] / ours["step_s"], "job_ratio": peer["job_s"] / ours["job_s"]},
+      results=not args.no_results)
 
 
 if __name__ == "__main__":
