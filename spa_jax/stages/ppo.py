@@ -351,18 +351,23 @@ def score_rows(shared: Shared, state: PPOState, batch: dict[str, np.ndarray]) ->
   rows, seq_len = batch["tokens_bt"].shape
   scored = {"old_logp_bt": np.zeros((rows, seq_len), np.float32), "ref_logp_bt": np.zeros((rows, seq_len), np.float32),
             "old_values_bs": np.zeros(batch["step_mask_bs"].shape, np.float32)}
-  keys, tokens = ("tokens_bt", "positions_bt", "step_start_idx_bs", "step_end_idx_bs", "step_mask_bs"), 0
+  keys, tokens, chunks = ("tokens_bt", "positions_bt", "step_start_idx_bs", "step_end_idx_bs", "step_mask_bs"), 0, []
   for index in length_chunks(batch, scoring_chunk_rows(rows, cfg.ppo.grad_accum, mesh)):
     chunk = trim_to_steps({key: batch[key][index] for key in keys}, cfg.ppo.length_bucket)
     tokens += chunk["tokens_bt"].size
     with jax.set_mesh(mesh):
       inputs = to_global_batch(prm.process_rows(chunk), mesh)
-      outputs = {"old_logp_bt": forward_logprobs(state.policy, inputs), "ref_logp_bt": forward_logprobs(reference, inputs),
-                 "old_values_bs": forward_step_values(state.critic, inputs, at="start")}
+      chunks.append((index, {"old_logp_bt": forward_logprobs(state.policy, inputs),
+                             "ref_logp_bt": forward_logprobs(reference, inputs),
+                             "old_values_bs": forward_step_values(state.critic, inputs, at="start")}))
+  for index, outputs in chunks:  # fetched after every chunk is dispatched: the device runs them back to back
     for key, value in outputs.items():
       value = prm.to_host(value)
       scored[key][index, :value.shape[1]] = value
   return scored, tokens
+
+
+TARGET_KEYS = ("step_mask_bs", "step_id_bt", "loss_mask_bt", "task_rewards_bs")  # what ppo_targets reads of the batch
 
 
 def targets_batch(shared: Shared, state: PPOState, batch: dict[str, np.ndarray], kl_coef: float) -> tuple[dict, dict]:
@@ -371,7 +376,7 @@ def targets_batch(shared: Shared, state: PPOState, batch: dict[str, np.ndarray],
   cfg, mesh = shared.cfg, shared.mesh
   scored, targets_tokens = score_rows(shared, state, batch)
   with jax.set_mesh(mesh):
-    inputs = to_global_batch(prm.process_rows(batch | scored), mesh)
+    inputs = to_global_batch(prm.process_rows({key: batch[key] for key in TARGET_KEYS} | scored), mesh)
     targets = _ppo_targets(inputs, old_logp_bt=inputs["old_logp_bt"], ref_logp_bt=inputs["ref_logp_bt"],
                           old_values_bs=inputs["old_values_bs"], task_rewards_bs=inputs["task_rewards_bs"],
                           kl_coef=jnp.float32(kl_coef), gamma=cfg.ppo.gamma, lam=cfg.ppo.gae_lambda,

@@ -173,11 +173,12 @@ class ScriptedExpert:
         return _turn(f"{asin} {relation} the {goal['query']} I need; I'll open it.", f"click[{asin}]")
 
     def _on_item(self, goal: dict, obs: str, clickables: list[str]) -> str:
-        missing = next((value for value in _option_values(goal) if value not in clickables), None)
-        if self._detour is not None and missing is not None:
+        if self._detour is not None:
             self._detour = None  # back on the results page, the expert chooses as it always does
-            return _turn(f"This product does not offer {missing}, which the instruction asks for; I'll go back.",
-                         _click(obs, "< prev"))
+            missing = next((value for value in _option_values(goal) if value not in clickables), None)
+            if missing is not None:
+                return _turn(f"This product does not offer {missing}, which the instruction asks for; I'll go back.",
+                             _click(obs, "< prev"))
         for value in _option_values(goal):
             if value in clickables and value not in self._selected:
                 self._selected.add(value)
