@@ -16,7 +16,12 @@ held-out evaluation (the SFT policy) and each run's last one. Per group:
   success after going back %      of those, the share that succeeded
   opened 2+ products %            episodes that opened more than one product page
 A failure mode that no rollout escapes (the policy never goes back) is one on-policy PPO cannot
-reinforce, with any reward. Appends a section to bench/RESULTS.md (unless --no-results) and ends with
+reinforce, with any reward. A second table, over the episodes whose goal names option values ("with
+color: white, and size: 9") and whose first action is a search: the share whose query names every
+one of those values, and success and score (reward x 100) with and without them. The scripted expert
+adds the values only where its privileged look at the results says the plain request's top result
+lacks them, so a cloned policy half-learns that choice; PPO has a lever there exactly when the gap
+between the two is large. Appends a section to bench/RESULTS.md (unless --no-results) and ends with
 ONE JSON line on stdout.
 """
 
@@ -27,10 +32,12 @@ import pathlib
 import re
 
 import results_log
+from webshop.expert import requested_values
 
 _PRODUCT_CLICK = re.compile(r"^click\[b0[0-9a-z]{8}\]$", re.IGNORECASE)
 _CLICK = re.compile(r"^click\[(.*)\]$", re.IGNORECASE)
 _BACK = ("< prev", "back to search")
+_SEARCH = re.compile(r"^search\[(.*)\]$", re.IGNORECASE)
 _RUN_FILE = re.compile(r"^ppo_(?P<mode>.+)_(?P<kind>it|eval)(?P<index>\d+)\.p\d+\.jsonl$")
 
 
@@ -64,6 +71,33 @@ def group_summary(records: list[dict]) -> dict[str, float]:
           "other_failures": share(n - sum(f["success"] for f in flags) - bought, n),
           "went_back": share(len(back), n), "success_after_back": share(sum(f["success"] for f in back), len(back)),
           "opened_two": share(sum(f["opened_two"] for f in flags), n)}
+
+
+def query_names_values(record: dict) -> bool | None:
+  """Whether the episode's first search names every option value its instruction asks for (None: the
+  instruction names none, or the first action is not a search)."""
+  values = requested_values(record["instruction"])
+  match = _SEARCH.match((record["steps"][0].get("parsed_action") or "").strip()) if record["steps"] else None
+  if not values or not match:
+    return None
+  query = match[1].lower()
+  return all(value in query for value in values)
+
+
+def query_summary(records: list[dict]) -> dict[str, float]:
+  by_choice = {True: [], False: []}
+  for record in records:
+    named = query_names_values(record)
+    if named is not None:
+      by_choice[named].append(record)
+  n = len(by_choice[True]) + len(by_choice[False])
+  mean = lambda values: round(sum(values) / len(values), 1) if values else None
+  summary = {"episodes": n, "names_values": round(100.0 * len(by_choice[True]) / n, 1) if n else None}
+  for named, key in ((True, "named"), (False, "plain")):
+    group = by_choice[named]
+    summary[f"success_{key}"] = mean([100.0 * bool(r["success"]) for r in group])
+    summary[f"score_{key}"] = mean([100.0 * r["final_reward"] for r in group])
+  return summary
 
 
 def run_files(workspace: pathlib.Path) -> dict[str, dict[str, list[tuple[int, pathlib.Path]]]]:
@@ -102,8 +136,12 @@ def collect(root: pathlib.Path, iterations: int) -> dict[str, dict[str, dict]]:
         groups[arm]["greedy held-out, the run's last evaluation"] += [files["eval"][-1][1]]
   if not runs:
     raise SystemExit(f"no trajectories/ppo_*.jsonl under {root}: point --root at a workspace or spa_bench's root")
-  return {arm: {"runs": runs[arm], **{group: group_summary(read_records(paths)) for group, paths in by_group.items()}}
-          for arm, by_group in groups.items()}
+  report = {}
+  for arm, by_group in groups.items():
+    records = {group: read_records(paths) for group, paths in by_group.items()}
+    report[arm] = {"runs": runs[arm], **{group: group_summary(rs) for group, rs in records.items()},
+                   "first search": {group: query_summary(rs) for group, rs in records.items()}}
+  return report
 
 
 def table(report: dict[str, dict]) -> str:
@@ -111,11 +149,19 @@ def table(report: dict[str, dict]) -> str:
            "| success after going back % | opened 2+ products % |", "|---|---|---|---|---|---|---|---|"]
   for arm, groups in report.items():
     for group, s in groups.items():
-      if group == "runs":
+      if group in ("runs", "first search"):
         continue
       cells = [s[key] for key in ("episodes", "success", "bought_without_option", "other_failures", "went_back",
                                   "success_after_back", "opened_two")]
       lines.append(f"| {arm} ({groups['runs']}): {group} | " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
+  lines += ["", "First search, on the goals that name option values: does the query name them all?", "",
+            "| arm (runs) | episodes | query names the values % | success % with / without them "
+            "| score with / without them |", "|---|---|---|---|---|"]
+  for arm, groups in report.items():
+    for group, q in groups["first search"].items():
+      cell = lambda key: "-" if q[key] is None else str(q[key])
+      lines.append(f"| {arm} ({groups['runs']}): {group} | {q['episodes']} | {cell('names_values')} "
+                   f"| {cell('success_named')} / {cell('success_plain')} | {cell('score_named')} / {cell('score_plain')} |")
   return "\n".join(lines)
 
 

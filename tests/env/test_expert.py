@@ -146,3 +146,12 @@ def test_recovery_is_drawn_per_goal_and_leaves_the_other_episodes_as_they_were(r
     assert [responses(s) for s in reverse] == [responses(s) for s in episodes[0.5]]
     with pytest.raises(ValueError, match=r"recovery_rate=1.5: must be in \[0, 1\]"):
         ScriptedExpert(catalogue, recovery_rate=1.5)
+
+
+def test_requested_values_are_the_goal_options_the_instruction_names(embedded):
+  from webshop.expert import requested_values
+  assert requested_values("Find me bed sheets with color: white | grey, and size: queen, and price lower "
+                          "than 50.00 dollars") == ["white | grey", "queen"]
+  assert requested_values("i need potato chips, and price lower than 20.00 dollars") == []
+  for goal in embedded.goals[:300]:
+    assert requested_values(goal["instruction_text"]) == [v.lower() for v in (goal.get("goal_options") or {}).values()]

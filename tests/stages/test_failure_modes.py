@@ -9,8 +9,8 @@ import failure_modes  # noqa: E402
 
 
 def _episode(actions: list[tuple[str, bool]], success: bool, purchased: bool = True) -> dict:
-  return {"success": success, "purchased": purchased,
-          "steps": [{"parsed_action": action, "valid": valid} for action, valid in actions]}
+  return {"success": success, "purchased": purchased, "final_reward": float(success),
+          "instruction": "i want storage baskets, and price lower than 50.00 dollars", "steps": [{"parsed_action": action, "valid": valid} for action, valid in actions]}
 
 
 SEARCH = ("search[storage baskets]", True)
@@ -50,3 +50,30 @@ def test_runs_pool_by_arm_first_and_last_iterations_apart(tmp_path):
   assert last == {"episodes": 4, "success": 50.0, "bought_without_option": 0.0, "other_failures": 50.0,
                   "went_back": 50.0, "success_after_back": 100.0, "opened_two": 50.0}
   assert "| spa_penalty (1): train rollouts, first 1 iterations | 1 | 100.0 |" in failure_modes.table(report)
+
+
+def _searched(query: str, success: bool, reward: float, instruction: str) -> dict:
+  return {**_episode([(f"search[{query}]", True), ("click[B0262LPGH8]", True), ("click[Buy Now]", True)], success),
+          "instruction": instruction, "final_reward": reward}
+
+
+WITH_VALUES = "i want storage baskets with color: natural, and size: large, and price lower than 50.00 dollars"
+
+
+def test_the_first_search_names_the_requested_values_only_when_it_names_all_of_them():
+  assert failure_modes.query_names_values(_searched("storage baskets natural large", True, 1.0, WITH_VALUES))
+  assert failure_modes.query_names_values(_searched("storage baskets natural", False, 0.5, WITH_VALUES)) is False
+  assert failure_modes.query_names_values(_searched("storage baskets", False, 0.5,
+                                                    "i want storage baskets, and price lower than 50.00 dollars")) is None
+  clicked_first = {**_episode([("click[B0262LPGH8]", False), SEARCH], False), "instruction": WITH_VALUES}
+  assert failure_modes.query_names_values(clicked_first) is None
+
+
+def test_query_summary_splits_success_and_score_by_whether_the_query_names_the_values():
+  records = [_searched("storage baskets natural large", True, 1.0, WITH_VALUES),
+             _searched("storage baskets natural large", False, 0.8, WITH_VALUES),
+             _searched("storage baskets", False, 0.5, WITH_VALUES),
+             _searched("storage baskets", False, 0.5, "i want storage baskets, and price lower than 50.00 dollars")]
+  assert failure_modes.query_summary(records) == {
+      "episodes": 3, "names_values": 66.7, "success_named": 50.0, "success_plain": 0.0,
+      "score_named": 90.0, "score_plain": 50.0}

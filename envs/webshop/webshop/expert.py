@@ -196,6 +196,16 @@ def instruction_request(instruction_text: str) -> str:
     return _OPENERS.sub("", text).strip(" ,.")
 
 
+def requested_values(instruction_text: str) -> list[str]:
+    """The option values an instruction asks for, lower-cased ("... with color: white, and size: 9, and
+    price ..." -> ["white", "9"]; [] when it names none)."""
+    match = _OPTIONS_TEXT.search(instruction_text.lower().strip())
+    if not match:
+        return []
+    pairs = match[0].removeprefix(" with ").split(", and ")
+    return [pair.split(": ", 1)[1].strip() for pair in pairs if ": " in pair]
+
+
 def action_of(response: str) -> str:
     """The action line of a `Thought: ...\\nAction: ...` turn."""
     return response.rsplit("Action: ", 1)[-1].strip()
