@@ -21,13 +21,18 @@ color: white, and size: 9") and whose first action is a search: the share whose 
 one of those values, and success and score (reward x 100) with and without them. The scripted expert
 adds the values only where its privileged look at the results says the plain request's top result
 lacks them, so a cloned policy half-learns that choice; PPO has a lever there exactly when the gap
-between the two is large. Appends a section to bench/RESULTS.md (unless --no-results) and ends with
+between the two is large. How far PPO with a KL penalty can pull that share: treating the choice as
+one decision with the score gap g between its two outcomes (reward units) and the sampling share p0
+as the reference policy's, the optimum of E[R] - beta * KL(pi || ref) is the share
+p0 * exp(g / beta) / (p0 * exp(g / beta) + 1 - p0), given per row for each --kl-coefs beta (an
+approximation: goals differ in p0 and g, and later steps are held fixed). Appends a section to bench/RESULTS.md (unless --no-results) and ends with
 ONE JSON line on stdout.
 """
 
 import argparse
 import collections
 import json
+import math
 import pathlib
 import re
 
@@ -100,6 +105,13 @@ def query_summary(records: list[dict]) -> dict[str, float]:
   return summary
 
 
+def regularised_share(p0: float, gap: float, kl_coef: float) -> float:
+  """The share of a binary choice at the optimum of E[R] - kl_coef * KL(pi || ref), where the reference
+  takes it with probability p0 and taking it gains `gap` reward: ref tilted by exp(R / kl_coef)."""
+  tilt = math.exp(gap / kl_coef)
+  return p0 * tilt / (p0 * tilt + 1.0 - p0)
+
+
 def run_files(workspace: pathlib.Path) -> dict[str, dict[str, list[tuple[int, pathlib.Path]]]]:
   """{mode: {"it": [(index, file)...], "eval": [...]}} of one workspace's PPO trajectory files, sorted."""
   runs = collections.defaultdict(lambda: {"it": [], "eval": []})
@@ -144,7 +156,7 @@ def collect(root: pathlib.Path, iterations: int) -> dict[str, dict[str, dict]]:
   return report
 
 
-def table(report: dict[str, dict]) -> str:
+def table(report: dict[str, dict], kl_coefs: tuple[float, ...] = ()) -> str:
   lines = ["| arm (runs) | episodes | success % | bought without the option % | other failures % | went back % "
            "| success after going back % | opened 2+ products % |", "|---|---|---|---|---|---|---|---|"]
   for arm, groups in report.items():
@@ -156,12 +168,17 @@ def table(report: dict[str, dict]) -> str:
       lines.append(f"| {arm} ({groups['runs']}): {group} | " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
   lines += ["", "First search, on the goals that name option values: does the query name them all?", "",
             "| arm (runs) | episodes | query names the values % | success % with / without them "
-            "| score with / without them |", "|---|---|---|---|---|"]
+            "| score with / without them |" + "".join(f" KL-optimum share, beta {b} % |" for b in kl_coefs),
+            "|---|---|---|---|---|" + "---|" * len(kl_coefs)]
   for arm, groups in report.items():
     for group, q in groups["first search"].items():
       cell = lambda key: "-" if q[key] is None else str(q[key])
+      known = None not in (q["names_values"], q["score_named"], q["score_plain"])
+      optimum = [str(round(100 * regularised_share(q["names_values"] / 100, (q["score_named"] - q["score_plain"]) / 100, b), 1))
+                 if known else "-" for b in kl_coefs]
       lines.append(f"| {arm} ({groups['runs']}): {group} | {q['episodes']} | {cell('names_values')} "
-                   f"| {cell('success_named')} / {cell('success_plain')} | {cell('score_named')} / {cell('score_plain')} |")
+                   f"| {cell('success_named')} / {cell('success_plain')} | {cell('score_named')} / {cell('score_plain')} |"
+                   + "".join(f" {o} |" for o in optimum))
   return "\n".join(lines)
 
 
@@ -170,10 +187,13 @@ def main() -> None:
   parser.add_argument("--root", required=True, type=pathlib.Path)
   parser.add_argument("--iterations", type=int, default=3, help="the first and last N iterations' rollouts")
   parser.add_argument("--title", default="", help="what the runs under --root are (for the RESULTS heading)")
+  parser.add_argument("--kl-coefs", default="0.3,0.1,0.03",
+                      help="comma-separated KL coefficients for the first-search table's regularised optimum")
   parser.add_argument("--no-results", action="store_true")
   args = parser.parse_args()
   report = collect(args.root, args.iterations)
-  results_log.publish(f"failure_modes{': ' + args.title if args.title else ''}", table(report), report,
+  kl_coefs = tuple(float(b) for b in args.kl_coefs.split(",") if b.strip())
+  results_log.publish(f"failure_modes{': ' + args.title if args.title else ''}", table(report, kl_coefs), report,
                       results=not args.no_results)
 
 

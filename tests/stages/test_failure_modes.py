@@ -1,8 +1,11 @@
 """bench/failure_modes.py: the failure-mode flags of recorded episodes and their pooling over runs."""
 
 import json
+import math
 import pathlib
 import sys
+
+import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "bench"))
 import failure_modes  # noqa: E402
@@ -77,3 +80,13 @@ def test_query_summary_splits_success_and_score_by_whether_the_query_names_the_v
   assert failure_modes.query_summary(records) == {
       "episodes": 3, "names_values": 66.7, "success_named": 50.0, "success_plain": 0.0,
       "score_named": 90.0, "score_plain": 50.0}
+
+
+def test_the_kl_regularised_share_tilts_the_reference_by_the_exponentiated_gain():
+  assert failure_modes.regularised_share(0.43, 0.0, 0.3) == pytest.approx(0.43)      # no gain: the reference
+  assert failure_modes.regularised_share(0.5, 0.3 * math.log(3), 0.3) == pytest.approx(0.75)  # odds x3
+  shares = [failure_modes.regularised_share(0.43, 0.087, b) for b in (1.0, 0.3, 0.03)]
+  assert shares == sorted(shares) and 0.43 < shares[0] and shares[-1] > 0.9         # a smaller beta pulls further
+  report = {"sparse": {"runs": 1, "first search": {"g": {"episodes": 10, "names_values": 50.0, "success_named": 80.0,
+                                                        "success_plain": 40.0, "score_named": 100.0, "score_plain": 70.0}}}}
+  assert "| sparse (1): g | 10 | 50.0 | 80.0 / 40.0 | 100.0 / 70.0 | 73.1 |" in failure_modes.table(report, (0.3,))
