@@ -31,8 +31,10 @@ runs' per-iteration train-rollout curves and, with `--set ppo.eval_every=K`, the
 sample standard deviation and the 95% confidence interval of the mean (Student t) over seeds;
 reference rows for the scripted expert, the first-result and the goes-back policies on the same
 goals (bench/reference_policies.py); the paired per-seed difference SPA - sparse with its 95% CI; with
-held-out curves, per seed the first iteration at which SPA's held-out success rate reaches sparse's
-final one (as a fraction of sparse's iterations: the "half the iterations" criterion); a plot of
+held-out curves, for each dense mode and arm, per seed the first iteration at which its held-out
+success rate reaches sparse's final one (as a fraction of sparse's iterations: the "half the
+iterations" criterion), and the same on the mean curves over seeds at the evaluations every run
+reached (seeds x goals episodes per point: a smaller noise band than one seed's 50 goals); a plot of
 train-rollout (and held-out) success rate and score against PPO iteration per reward mode (mean
 over seeds, min-max band). Writes <root>/spa_bench.md, .json
 and .png, copies the plot to bench/plots/<--name>.png, appends the table to bench/RESULTS.md and
@@ -276,6 +278,13 @@ def plot_curves(seeds: list[dict], out: pathlib.Path) -> None:
   plt.close(fig)
 
 
+def _evaluation_noise(start: float, target: float, episodes: int) -> float:
+  """Two binomial standard errors (percentage points) of the difference of two success rates measured on
+  `episodes` held-out episodes each, at the mean of the two rates."""
+  p = (start + target) / 200
+  return float(100 * 2 * np.sqrt(2 * p * (1 - p) / episodes))
+
+
 def iterations_to_reach(seeds: list[dict], fast: str = "ppo_spa", slow: str = "ppo_sparse") -> list[dict]:
   """Per seed with both held-out curves: `slow`'s start (step 0) and final held-out success rate, the
   first PPO iteration (>= 1) at which `fast`'s reaches the final one (None: never), that iteration as
@@ -290,12 +299,32 @@ def iterations_to_reach(seeds: list[dict], fast: str = "ppo_spa", slow: str = "p
     slow_last = curves[slow]["step"][-1]
     reached = next((step for step, value in zip(curves[fast]["step"], curves[fast]["eval_success_rate"])
                     if step >= 1 and value >= target), None)
-    p = (start + target) / 200
-    noise = 100 * 2 * np.sqrt(2 * p * (1 - p) / s["held_out_tasks"])
     out.append({"seed": s["seed"], "start": start, "target": target, "slow_iterations": slow_last,
                 "iteration": reached, "fraction": reached / slow_last if reached is not None else None,
-                "noise": float(noise)})
+                "noise": _evaluation_noise(start, target, s["held_out_tasks"])})
   return out
+
+
+def pooled_iterations_to_reach(seeds: list[dict], fast: str = "ppo_spa", slow: str = "ppo_sparse") -> dict | None:
+  """The same criterion on the mean held-out curves over the seeds that have both (None: none has), at the
+  evaluation steps every one of those runs reached: seeds x held-out goals episodes per point, so its
+  noise is sqrt(seeds) times smaller than one seed's."""
+  having = [s for s in seeds if fast in s.get("eval_curves", {}) and slow in s.get("eval_curves", {})]
+  if not having:
+    return None
+  common = sorted(set.intersection(*(set(s["eval_curves"][policy]["step"]) for s in having for policy in (fast, slow))))
+  if not common or common[-1] < 1:
+    return None
+
+  def mean_curve(policy: str) -> list[float]:
+    return [float(np.mean([dict(zip(s["eval_curves"][policy]["step"], s["eval_curves"][policy]["eval_success_rate"]))[step]
+                           for s in having])) for step in common]
+  fast_curve, slow_curve = mean_curve(fast), mean_curve(slow)
+  start, target = slow_curve[0], slow_curve[-1]
+  reached = next((step for step, value in zip(common, fast_curve) if step >= 1 and value >= target), None)
+  return {"seeds": len(having), "steps": common, "start": start, "target": target, "slow_iterations": common[-1],
+          "iteration": reached, "fraction": reached / common[-1] if reached is not None else None,
+          "noise": _evaluation_noise(start, target, sum(s["held_out_tasks"] for s in having))}
 
 
 def mean_std(values: list) -> tuple[float, float]:
@@ -320,9 +349,33 @@ def aggregate(seeds: list[dict]) -> dict:
                                for policy in policies if policy.startswith("ppo_") and policy != "ppo_sparse"}
   if all("estimator" in s for s in seeds):
     summary["estimator"] = {k: mean_std([s["estimator"][k] for s in seeds]) for k in ESTIMATOR}
-  if reach := iterations_to_reach(seeds):
-    summary["spa_reaches_sparse_final"] = reach
+  reach = {}
+  for policy in policies:
+    if policy.startswith("ppo_") and policy != "ppo_sparse":
+      per_seed, pooled = iterations_to_reach(seeds, policy), pooled_iterations_to_reach(seeds, policy)
+      if per_seed:
+        reach[policy.removeprefix("ppo_")] = {"per_seed": per_seed, "pooled": pooled}
+  if reach:
+    summary["reaches_sparse_final"] = reach
   return summary
+
+
+def reach_lines(summary: dict) -> list[str]:
+  """The "half the iterations" criterion's lines, per dense policy: per seed, then pooled over seeds."""
+  lines = []
+  for mode, reach in summary.get("reaches_sparse_final", {}).items():
+    inside = lambda r: (f" (a gain inside the noise, +-{r['noise']:.1f}: the criterion is undefined)"
+                        if r["target"] - r["start"] <= r["noise"] else "")
+    reached = lambda r: (f"at iteration {r['iteration']} ({r['fraction']:.2f} of them)" if r["iteration"] is not None
+                         else "never")
+    lines += ["", f"{mode}'s held-out success rate reaches sparse's final one (greedy, ppo.eval_every): " + "; ".join(
+        f"seed {r['seed']}: sparse {r['start']:.1f} -> {r['target']:.1f}% in {r['slow_iterations']} iterations"
+        + inside(r) + f", {mode} " + reached(r) for r in reach["per_seed"])]
+    if pooled := reach["pooled"]:
+      lines += ["", f"Pooled over {pooled['seeds']} seeds (mean curves at the evaluations all of them reached, "
+                f"iterations {pooled['steps']}): sparse {pooled['start']:.1f} -> {pooled['target']:.1f}%"
+                + inside(pooled) + f", {mode} " + reached(pooled)]
+  return lines
 
 
 def markdown(seeds: list[dict], summary: dict) -> str:
@@ -345,13 +398,7 @@ def markdown(seeds: list[dict], summary: dict) -> str:
                      + f", per seed {', '.join(f'{x:+.1f}' for x in d['per_seed'])}; median {d['median']:+.1f}, "
                      f"above sparse on {d['above']} of {len(d['per_seed'])} seeds"
                      for metric, d in diff.items()]
-  if reach := summary.get("spa_reaches_sparse_final"):
-    lines += ["", "SPA's held-out success rate reaches sparse's final one (greedy, ppo.eval_every): " + "; ".join(
-        f"seed {r['seed']}: sparse {r['start']:.1f} -> {r['target']:.1f}% in {r['slow_iterations']} iterations"
-        + (f" (a gain inside the noise, +-{r['noise']:.1f}: the criterion is undefined)"
-           if r["target"] - r["start"] <= r["noise"] else "") + ", SPA "
-        + (f"at iteration {r['iteration']} ({r['fraction']:.2f} of them)" if r["iteration"] is not None else "never")
-        for r in reach)]
+  lines += reach_lines(summary)
   lines += ["", "Per seed (score): " + "; ".join(
       f"seed {s['seed']}: " + ", ".join(f"{p} {v['score']:.1f}" for p, v in s["policies"].items()) for s in seeds)]
   if est := summary.get("estimator"):

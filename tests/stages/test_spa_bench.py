@@ -115,3 +115,29 @@ def test_curve_band_keeps_the_iterations_only_some_seeds_reached():
   steps, mean, low, high = spa_bench.curve_band(seeds, "curves", "ppo_spa", "success_rate")
   assert steps.tolist() == [1, 2, 3] and mean.tolist() == [55.0, 80.0, 80.0]
   assert low.tolist() == [50.0, 70.0, 80.0] and high.tolist() == [60.0, 90.0, 80.0]
+
+
+def _eval_seed(seed: int, sparse: list[float], dense: list[float], steps=(0, 4, 8), tasks: int = 50) -> dict:
+  curve = lambda values: {"step": list(steps)[:len(values)], "eval_success_rate": values}
+  return {"seed": seed, "held_out_tasks": tasks,
+          "eval_curves": {"ppo_sparse": curve(sparse), "ppo_spa_penalty": curve(dense)}}
+
+
+def test_the_half_the_iterations_criterion_per_seed_and_pooled_over_seeds():
+  seeds = [_eval_seed(0, [60.0, 66.0, 80.0], [60.0, 82.0, 84.0]),
+           _eval_seed(1, [60.0, 70.0, 76.0], [60.0, 70.0, 90.0]),
+           _eval_seed(2, [60.0, 72.0], [60.0, 74.0], steps=(0, 4))]  # its budget ended before iteration 8
+  per_seed = spa_bench.iterations_to_reach(seeds, "ppo_spa_penalty")
+  assert [(r["target"], r["iteration"], r["fraction"]) for r in per_seed] == [(80.0, 4, 0.5), (76.0, 8, 1.0), (72.0, 4, 1.0)]
+  # one seed's 50 goals: +-19.6 points of noise on the difference of two evaluations at 70%
+  assert per_seed[0]["noise"] == pytest.approx(100 * 2 * np.sqrt(2 * 0.7 * 0.3 / 50))
+  pooled = spa_bench.pooled_iterations_to_reach(seeds, "ppo_spa_penalty")
+  # the steps all three reached are 0 and 4: sparse's mean 60 -> 69.3, the dense mean at 4 is 75.3
+  assert pooled["steps"] == [0, 4] and pooled["seeds"] == 3
+  assert pooled["target"] == pytest.approx(208 / 3) and pooled["iteration"] == 4 and pooled["fraction"] == 1.0
+  p = (60 + 208 / 3) / 200
+  assert pooled["noise"] == pytest.approx(100 * 2 * np.sqrt(2 * p * (1 - p) / 150))
+  assert spa_bench.pooled_iterations_to_reach(seeds, "ppo_spa") is None  # no such policy
+  lines = "\n".join(spa_bench.reach_lines({"reaches_sparse_final": {"spa_penalty": {"per_seed": per_seed, "pooled": pooled}}}))
+  assert "spa_penalty's held-out success rate reaches sparse's final one" in lines
+  assert "Pooled over 3 seeds (mean curves at the evaluations all of them reached, iterations [0, 4])" in lines
