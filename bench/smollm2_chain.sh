@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 19's setting (b) with disjoint goals on one GPU: SmolLM2-135M-Instruct SFT on the goals of
 # train[:1000]; exploration, progress estimator and labels on train[1000:] (goals the SFT policy never
-# saw); bench/estimator_report.py on that upstream; then bench/spa_bench.py's PPO seeds side by side,
+# saw; the estimator is the linear probe of the SFT features, prm.epochs=0: validation kept it over every
+# fine-tuned epoch in the three H100 runs of 2026-12-07, and the ~100 s of fine-tuning go to PPO);
+# bench/estimator_report.py on that upstream; then bench/spa_bench.py's PPO seeds side by side,
 # every seed and reward mode from the one upstream. Run from the repository root (on a GPU machine
 # without a package index, `source bench/gpu_env.sh` first):
 #
@@ -20,8 +22,8 @@ set -uo pipefail
 ROOT=${ROOT:-/tmp/spa} SEEDS=${SEEDS:-0,1,2,3,4} MODES=${MODES:-sparse,spa}
 MEM_FRACTION=${MEM_FRACTION:-0.08} PPO_BUDGET_S=${PPO_BUDGET_S:-1000}
 SET=(env.search_backend=bm25 tracking.tensorboard=False "sft.train_split=train[:1000]"
-     "env.train_split=train[1000:]" eval.max_tasks=200 explore.max_tasks=192 prm.epochs=3
-     prm.learning_rate=2e-5 model.remat_policy=full ppo.mini_batch_size=1 ppo.grad_accum=8
+     "env.train_split=train[1000:]" eval.max_tasks=200 explore.max_tasks=192 prm.epochs=0
+     model.remat_policy=full ppo.mini_batch_size=1 ppo.grad_accum=8
      ppo.learning_rate=3e-4 ppo.iterations=60 ppo.checkpoint_every=1 ppo.length_bucket=1024
      ppo.eval_every=0 "ppo.reward_modes=$MODES" ${HF:+model.gguf= model.hf_path=$HF} "$@")
 ARM_ARGS=(); for arm in ${ARMS:-}; do ARM_ARGS+=(--arm "$arm"); done

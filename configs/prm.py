@@ -25,6 +25,8 @@ def prm_section(preset: str) -> ml_collections.ConfigDict:
       # From zero, fine-tuning first learns only the mean reward per step, so a short run counts steps.
       head_init="probe",
       dtype="",  # activations: "" (model.dtype) | "bfloat16" | "float32"
+      # 0 with head_init="probe": no fine-tuning, the probe is the estimator (validation kept the probe over
+      # every fine-tuned epoch in the three SmolLM2 H100 runs of 2026-12-07; bench/smollm2_chain.sh)
       epochs=1 if real else 2,
       batch_size=16 if real else 8,  # trajectories per optimizer step (global)
       micro_batch_size=2 if real else 8,

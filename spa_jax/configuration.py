@@ -261,8 +261,10 @@ def _training_errors(errors: list[str], cfg) -> None:
     _at_least(errors, cfg, f"{stage}.max_len", 64)
     _at_least(errors, cfg, f"{stage}.checkpoint_every", 1)
     _at_least(errors, cfg, f"{stage}.keep_checkpoints", 1)
+  _at_least(errors, cfg, "sft.epochs", 1)
+  _check(errors, cfg, "prm.epochs", lambda v: v >= 1 or (v == 0 and cfg.prm.head_init == "probe"),
+         ">= 1, or 0 with prm.head_init=probe (the linear probe of the SFT features is the estimator)")
   for stage in ("sft", "prm"):
-    _at_least(errors, cfg, f"{stage}.epochs", 1)
     _at_least(errors, cfg, f"{stage}.micro_batch_size", 1)
     _check(errors, cfg, f"{stage}.batch_size",
            lambda v, s=stage: v >= 1 and v % cfg[s].micro_batch_size == 0,

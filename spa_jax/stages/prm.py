@@ -588,7 +588,11 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
   progress, fit = {}, {}
   with ckpt, tracking.MetricsWriter(ws, "prm", cfg.tracking.tensorboard, append=resumed) as writer, \
       tracking.progress(len(plan), "prm", unit="step", enabled=cfg.tracking.progress) as bar:
-    if best is not None and not resumed:
+    if not plan and not resumed:  # prm.epochs=0: the probed head is the estimator; its fit on every part
+      progress, fit = measure(state)
+      writer.write(0, {f"{name}_{key}": value for name in parts for key, value in fit[name].items()
+                       if key != "trajectories"} | {"epoch": 0})
+    elif best is not None and not resumed:
       writer.write(0, {f"validation_{key}": value for key, value in best["fit"].items() if key != "trajectories"}
                    | {"epoch": 0})
     bar.update(int(state.step))

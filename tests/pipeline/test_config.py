@@ -87,6 +87,8 @@ def test_unknown_preset_is_rejected():
     ("ppo.critic_warmup", 2, "config.ppo.critic_warmup=2: must be >= 0 and below ppo.iterations=2"),
     ("ppo.warmup_updates", -1, "config.ppo.warmup_updates=-1: must be >= 0"),
     ("sft.expert_recovery", 1.5, "config.sft.expert_recovery=1.5: must be in [0, 1]"),
+    ("sft.epochs", 0, "config.sft.epochs=0: must be >= 1"),
+    ("prm.epochs", -1, "config.prm.epochs=-1: must be >= 1, or 0 with prm.head_init=probe"),
     ("prm.validation_fraction", 1.0, "config.prm.validation_fraction=1.0: must be in [0, 1)"),
     ("label.grounding_form", "none", "config.label.grounding_form='none': must be one of ('bonus', 'penalty')"),
 ])
@@ -96,6 +98,15 @@ def test_bad_values_are_named(path, value, message):
   with pytest.raises(ValueError) as error:
     configuration.validate(cfg)
   assert message in str(error.value)
+
+
+def test_no_estimator_epochs_needs_the_probed_head():
+  cfg = configuration.load_config("eval")
+  cfg.update_from_flattened_dict({"prm.epochs": 0, "prm.head_init": "zero"})
+  with pytest.raises(ValueError, match=r"config.prm.epochs=0: must be >= 1, or 0 with prm.head_init=probe"):
+    configuration.validate(cfg)
+  cfg.prm.head_init = "probe"
+  configuration.validate(cfg)
 
 
 def test_ragged_decode_attention_needs_a_kv_cache_its_kernel_can_tile():

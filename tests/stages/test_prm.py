@@ -276,3 +276,22 @@ def test_prm_trains_and_ships_an_estimator_when_every_exploration_reward_is_equa
   rows = {row["epoch"]: row for row in read_metrics(ws.metrics_path("prm")) if "epoch" in row}
   assert sorted(rows) == [0, 1] and np.isnan(rows[0]["validation_r2"]) and np.isfinite(rows[0]["validation_mse"])
   assert prm.load_estimator(cfg, ws, common.make_mesh(cfg)) is not None
+
+
+@pytest.mark.parametrize("validation_fraction", [0.0, 0.3])
+def test_prm_with_no_epochs_ships_the_linear_probe(workspace, validation_fraction):
+  # prm.epochs=0 (with head_init=probe): no optimizer step, and the exported estimator is the probed
+  # head on the SFT backbone: its held-out fit is the probe's own, with or without validation tasks
+  ws = Workspace(workspace)
+  cfg = make_config(workspace, {"prm.validation_fraction": validation_fraction, "prm.epochs": 0})
+  summary = prm.run(cfg, ws)
+  assert summary["steps"] == 0 and summary["kept_epoch"] == 0
+  assert summary["heldout_r2"] == pytest.approx(summary["probe_heldout_r2"], rel=1e-4, abs=1e-6)
+  assert not [row for row in read_metrics(ws.metrics_path("prm")) if "progress_loss" in row]  # nothing trained
+  split = prm.read_split(ws)
+  tokenizer, mesh = common.load_tokenizer(cfg, ws), common.make_mesh(cfg)
+  sequences, _ = prm.load_sequences([r for r in expert_records(cfg) if r["task_id"] in split["heldout"]],
+                                    tokenizer, cfg.prm.max_len)
+  progress = prm.estimate_progress(prm.load_estimator(cfg, ws, mesh), sequences,
+                                   **prm.estimator_forward(cfg, tokenizer, mesh))
+  np.testing.assert_allclose(prm.fit_metrics(sequences, progress)["mse"], summary["heldout_mse"], rtol=1e-4)
