@@ -1,6 +1,9 @@
 """Tokens the PPO targets phase reads per iteration, from recorded rollouts: padded to the iteration's
 longest trajectory (before 3f37db9) against length-sorted chunks each cut after its own last action
-(`spa_jax.stages.ppo.score_rows`).
+(`spa_jax.stages.ppo.score_rows`); and the tokens one epoch of the update reads: shuffled mini-batches
+of --mini-batch-rows trajectories, each padded to its longest row (`ppo.update` today) against every
+micro-batch of --micro-rows cut to its own longest (what the update would read if its micro-batches
+were trimmed one by one).
 
     .venv/bin/python bench/padding_report.py --root /tmp/spa --chunk-rows 4 --bucket 1024
 
@@ -10,12 +13,15 @@ trajectories' lengths), the tokens of the one padded batch (every row at the lon
 rounded up to --bucket), and the tokens of chunks of --chunk-rows rows sorted by where their last
 action ends, each cut there and rounded up to --bucket (`ppo.length_chunks`, `trim_to_steps`). The
 cut is after the last action token, not the last step's observation, so a chunk's tokens can be
-fewer than its rows' lengths. Token counts only: what the change saves in time is a GPU measurement.
+fewer than its rows' lengths. The update's mini-batches are drawn as `ppo.update` draws them (a seeded permutation per
+iteration), so its column is an estimate of the recorded `update_tokens` per epoch, printed beside it
+where the run's metrics hold them. Token counts only: what a change saves in time is a GPU measurement.
 Appends a section to bench/RESULTS.md (unless --no-results) and ends with ONE JSON line on stdout.
 """
 
 import argparse
 import collections
+import json
 import pathlib
 
 import numpy as np
@@ -26,30 +32,57 @@ from spa_jax.stages.ppo import length_chunks
 from spa_jax.training.batch import bucketed_length
 
 
-def iteration_tokens(records: list[dict], chunk_rows: int, bucket: int, max_len: int) -> dict[str, int]:
-  """Real, padded-batch and chunked token counts of one iteration's trajectories."""
+def iteration_tokens(records: list[dict], chunk_rows: int, bucket: int, max_len: int, mini_batch_rows: int = 8,
+                     micro_rows: int = 1, seed: int = 0) -> dict[str, int]:
+  """Real, padded-batch and chunked token counts of one iteration's trajectories, and one update epoch's
+  tokens with mini-batches padded to their longest row against micro-batches each cut to their own."""
   lengths = np.array([len(r["tokens"]) for r in records])
   last_action = np.array([max((i for i, m in enumerate(r["action_mask"]) if m), default=-1) for r in records])
   padded = len(records) * bucketed_length(int(lengths.max()), bucket, max_len)
   chunked = sum(len(index) * bucketed_length(int(last_action[index].max()) + 1, bucket, max_len)
                 for index in length_chunks({"step_end_idx_bs": last_action[:, None]}, chunk_rows))
-  return {"real": int(lengths.sum()), "padded": int(padded), "chunked": int(chunked)}
+  cut = lambda rows: len(rows) * bucketed_length(int(last_action[rows].max()) + 1, bucket, max_len)
+  order = np.random.default_rng(seed).permutation(len(records))
+  minis = [order[at:at + mini_batch_rows] for at in range(0, len(order), mini_batch_rows)]
+  update_padded = sum(cut(mini) for mini in minis)
+  update_micro = sum(cut(rows) for mini in minis
+                     for sorted_mini in [mini[np.argsort(last_action[mini], kind="stable")]]
+                     for rows in (sorted_mini[at:at + micro_rows] for at in range(0, len(sorted_mini), micro_rows)))
+  return {"real": int(lengths.sum()), "padded": int(padded), "chunked": int(chunked),
+          "update_padded": int(update_padded), "update_micro": int(update_micro)}
 
 
-def collect(root: pathlib.Path, chunk_rows: int, bucket: int, max_len: int) -> dict[str, dict[str, float]]:
-  """{arm: {iterations, real, padded, chunked, padded_ratio, chunked_ratio}} summed over its runs."""
+def recorded_update_tokens_per_epoch(workspace: pathlib.Path, mode: str) -> float | None:
+  """The run's logged `update_tokens` summed over its iterations, divided by its ppo.ppo_epochs."""
+  metrics, config = workspace / "metrics" / f"ppo_{mode}.jsonl", workspace / "config.json"
+  if not metrics.exists() or not config.exists():
+    return None
+  epochs = json.loads(config.read_text())["ppo"]["ppo_epochs"]
+  rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+  return sum(row.get("update_tokens", 0) for row in rows) / epochs
+
+
+def collect(root: pathlib.Path, chunk_rows: int, bucket: int, max_len: int, mini_batch_rows: int = 8,
+            micro_rows: int = 1) -> dict[str, dict[str, float]]:
+  """{arm: {iterations, real, padded, chunked, update_padded, update_micro, their ratios to real, and
+  recorded_update_per_epoch where the runs logged it}} summed over its runs."""
   totals = collections.defaultdict(collections.Counter)
   for workspace in sorted({p.parent.parent for p in root.glob("**/trajectories/ppo_*_it*.jsonl")}):
     for mode, files in failure_modes.run_files(workspace).items():
       arm = failure_modes.arm_of(workspace, mode)
-      for _, path in files["it"]:
+      for index, path in files["it"]:
         records = failure_modes.read_records([path])
         if not records or records[0].get("tokens") is None:
           raise SystemExit(f"{path} holds no token ids (offline PPO or an older record): nothing to count")
-        totals[arm].update(iteration_tokens(records, chunk_rows, bucket, max_len) | {"iterations": 1})
+        totals[arm].update(iteration_tokens(records, chunk_rows, bucket, max_len, mini_batch_rows, micro_rows,
+                                            seed=index) | {"iterations": 1})
+      recorded = recorded_update_tokens_per_epoch(workspace, mode)
+      if recorded is not None:
+        totals[arm]["recorded_update_per_epoch"] += recorded
   if not totals:
     raise SystemExit(f"no trajectories/ppo_*_it*.jsonl under {root}: point --root at a workspace or spa_bench's root")
-  return {arm: dict(t) | {"padded_ratio": t["padded"] / t["real"], "chunked_ratio": t["chunked"] / t["real"]}
+  return {arm: dict(t) | {f"{key}_ratio": t[key] / t["real"] for key in
+                          ("padded", "chunked", "update_padded", "update_micro", "recorded_update_per_epoch")}
           for arm, t in totals.items()}
 
 
@@ -59,14 +92,20 @@ def main() -> None:
   parser.add_argument("--chunk-rows", type=int, default=4, help="rows per chunk (rollouts per iteration / ppo.grad_accum)")
   parser.add_argument("--bucket", type=int, default=1024, help="ppo.length_bucket")
   parser.add_argument("--max-len", type=int, default=4096, help="ppo.max_len")
+  parser.add_argument("--mini-batch-rows", type=int, default=8, help="ppo.mini_batch_size * ppo.grad_accum")
+  parser.add_argument("--micro-rows", type=int, default=1, help="ppo.mini_batch_size")
   parser.add_argument("--title", default="")
   parser.add_argument("--no-results", action="store_true")
   args = parser.parse_args()
-  report = collect(args.root, args.chunk_rows, args.bucket, args.max_len)
-  body = "\n".join(["| arm | iterations | real tokens | padded to the iteration's longest | length-sorted chunks, cut |",
-                    "|---|---|---|---|---|"] + [
-      f"| {arm} | {r['iterations']} | {r['real']:,} | {r['padded']:,} ({r['padded_ratio']:.2f}x) | "
-      f"{r['chunked']:,} ({r['chunked_ratio']:.2f}x) |" for arm, r in report.items()])
+  report = collect(args.root, args.chunk_rows, args.bucket, args.max_len, args.mini_batch_rows, args.micro_rows)
+  tokens = lambda r, key: f"{r[key]:,.0f} ({r[key + '_ratio']:.2f}x)" if r.get(key) else "-"
+  body = "\n".join(["| arm | iterations | real tokens | targets: padded to the iteration's longest | targets: "
+                    "length-sorted chunks, cut | update epoch: mini-batches padded to their longest | update epoch: "
+                    "micro-batches cut one by one | update epoch: recorded `update_tokens` / epochs |",
+                    "|---|---|---|---|---|---|---|---|"] + [
+      f"| {arm} | {r['iterations']} | {r['real']:,} | {tokens(r, 'padded')} | {tokens(r, 'chunked')} | "
+      f"{tokens(r, 'update_padded')} | {tokens(r, 'update_micro')} | {tokens(r, 'recorded_update_per_epoch')} |"
+      for arm, r in report.items()])
   results_log.publish(f"padding_report{': ' + args.title if args.title else ''}", body, report,
                       results=not args.no_results)
 
