@@ -13,9 +13,9 @@ trajectories' lengths), the tokens of the one padded batch (every row at the lon
 rounded up to --bucket), and the tokens of chunks of --chunk-rows rows sorted by where their last
 action ends, each cut there and rounded up to --bucket (`ppo.length_chunks`, `trim_to_steps`). The
 cut is after the last action token, not the last step's observation, so a chunk's tokens can be
-fewer than its rows' lengths. The update's mini-batches are drawn as `ppo.update` draws them (a seeded permutation per
-iteration), so its column is an estimate of the recorded `update_tokens` per epoch, printed beside it
-where the run's metrics hold them. Token counts only: what a change saves in time is a GPU measurement.
+fewer than its rows' lengths. The update's mini-batches are random, as `ppo.update` draws them (a seeded permutation per
+iteration, not the run's own), so that column estimates the recorded `update_tokens` per epoch,
+printed beside it where the run's metrics hold them. Token counts only: what a change saves in time is a GPU measurement.
 Appends a section to bench/RESULTS.md (unless --no-results) and ends with ONE JSON line on stdout.
 """
 
@@ -45,9 +45,8 @@ def iteration_tokens(records: list[dict], chunk_rows: int, bucket: int, max_len:
   order = np.random.default_rng(seed).permutation(len(records))
   minis = [order[at:at + mini_batch_rows] for at in range(0, len(order), mini_batch_rows)]
   update_padded = sum(cut(mini) for mini in minis)
-  update_micro = sum(cut(rows) for mini in minis
-                     for sorted_mini in [mini[np.argsort(last_action[mini], kind="stable")]]
-                     for rows in (sorted_mini[at:at + micro_rows] for at in range(0, len(sorted_mini), micro_rows)))
+  update_micro = sum(cut(mini[rows]) for mini in minis  # each mini-batch's rows length-sorted into micro-batches
+                     for rows in length_chunks({"step_end_idx_bs": last_action[mini][:, None]}, micro_rows))
   return {"real": int(lengths.sum()), "padded": int(padded), "chunked": int(chunked),
           "update_padded": int(update_padded), "update_micro": int(update_micro)}
 

@@ -15,7 +15,7 @@ import argparse
 
 import numpy as np
 from webshop import Catalogue, ScriptedExpert, WebShopEnv
-from webshop.expert import instruction_request, run_expert_episode
+from webshop.expert import instruction_request, option_values, run_expert_episode
 
 import results_log
 
@@ -41,8 +41,7 @@ def goes_back_episode(env: WebShopEnv, goal_index: int) -> float:
   instruction asks for while the step limit leaves room to open another, select and buy; the final
   reward (0 if no purchase)."""
   _, info = env.reset(goal_index)
-  options = info["goal"].get("goal_options") or {}
-  wanted = [v.lower() for v in (options.values() if isinstance(options, dict) else options)]
+  wanted = option_values(info["goal"])
   _, reward, done, truncated, info = env.step(f"search[{instruction_request(info['goal']['instruction_text'])}]")
   products = [c for c in info["available_actions"]["clickables"] if c not in NAVIGATION]
   finish = len(wanted) + 1  # select every value, buy

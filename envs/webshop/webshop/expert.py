@@ -102,7 +102,7 @@ class ScriptedExpert:
         clicks the top result is the easiest to learn), else the first query that lists one on the
         first page."""
         request = instruction_request(goal["instruction_text"])
-        option_words = " ".join(_option_values(goal))
+        option_words = " ".join(option_values(goal))
         title = self.catalogue.by_asin[goal["asin"]].title
         queries = [
             (request, f"need {request}"),
@@ -137,7 +137,7 @@ class ScriptedExpert:
     def _missing_value(self, goal: dict, asin: str) -> str | None:
         """The first value the instruction asks for that product `asin` does not offer (None: it offers all)."""
         offered = {value for values in self.catalogue.by_asin[asin].options.values() for value in values}
-        return next((value for value in _option_values(goal) if value not in offered), None)
+        return next((value for value in option_values(goal) if value not in offered), None)
 
     def _on_results(self, goal: dict, obs: str, clickables: list[str]) -> str:
         listed = [self._asin_by_lower[c] for c in clickables if c not in _NAVIGATION and c in self._asin_by_lower]
@@ -162,7 +162,7 @@ class ScriptedExpert:
     def _purchase_value(self, goal: dict, asin: str) -> float:
         """The reward of buying `asin` with the goal's option values it offers (as `_on_item` selects them)."""
         product, target = self.catalogue.by_asin[asin], self.catalogue.by_asin[goal["asin"]]
-        wanted = set(_option_values(goal))
+        wanted = set(option_values(goal))
         selected = {name: value for name, values in product.options.items()
                     for value in values if value.lower() in wanted}
         reward, _ = purchase_reward(product, goal, target.title_nouns, target.title_noun_count,
@@ -175,11 +175,11 @@ class ScriptedExpert:
     def _on_item(self, goal: dict, obs: str, clickables: list[str]) -> str:
         if self._detour is not None:
             self._detour = None  # back on the results page, the expert chooses as it always does
-            missing = next((value for value in _option_values(goal) if value not in clickables), None)
+            missing = next((value for value in option_values(goal) if value not in clickables), None)
             if missing is not None:
                 return _turn(f"This product does not offer {missing}, which the instruction asks for; I'll go back.",
                              _click(obs, "< prev"))
-        for value in _option_values(goal):
+        for value in option_values(goal):
             if value in clickables and value not in self._selected:
                 self._selected.add(value)
                 shown = _shown(obs, value)
@@ -225,7 +225,8 @@ def run_expert_episode(env, goal_index: int, expert: ScriptedExpert | None = Non
         obs, info = next_obs, next_info
 
 
-def _option_values(goal: dict) -> list[str]:
+def option_values(goal: dict) -> list[str]:
+    """The goal's option values (its `goal_options`), lower-cased: what a purchase must select."""
     options = goal.get("goal_options") or {}
     values = options.values() if isinstance(options, dict) else options
     return [v.lower() for v in values]
