@@ -6,10 +6,12 @@ step turns (`build_sft_example(...).step_mask`), plus, with `sft.context_loss_we
 tokens at that weight (a language-model loss that teaches a randomly initialised model to copy). Batches group examples of similar length
 (length buckets); their order is a pure function of (seed, epoch), so a run restored from its
 latest Orbax checkpoint (train state + step) continues exactly where it stopped. The step of every
-padded length compiles before the first step (summary: time_compile_s), so none stalls the loop.
+padded length compiles before the first step (summary: time_compile_s), so none stalls the loop; the
+demonstrations build in a thread while the devices start and the weights load (time_setup_s).
 Writes: policies/sft/ (HF directory), checkpoints/sft/<config hash>/, metrics/sft.jsonl, plots/sft.png.
 """
 
+import concurrent.futures
 import logging
 import shutil
 import time
@@ -132,23 +134,37 @@ def checkpointer(cfg: ml_collections.ConfigDict, ws: Workspace) -> Checkpointer:
   return Checkpointer(current, save_every=cfg.sft.checkpoint_every, keep=cfg.sft.keep_checkpoints)
 
 
+def _timed_examples(cfg: ml_collections.ConfigDict, tokenizer) -> tuple[tuple[list[af.SftExample], int], float]:
+  started = time.perf_counter()
+  return load_examples(cfg, tokenizer), time.perf_counter() - started
+
+
 def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
   times = {}
-  with tracking.timed(times, "time_data_s"):
+  with tracking.timed(times, "time_tokenizer_s"):
     tokenizer = common.load_tokenizer(cfg, ws)
-    mesh = common.make_mesh(cfg)
-    examples, dropped = load_examples(cfg, tokenizer)
+  trainable = "lora" if cfg.sft.finetune == "lora" else "full"
+  model_cfg = common.model_config(cfg, tokenizer)
+  ckpt = checkpointer(cfg, ws)
+  resumed = ckpt.latest_step() is not None
+  # The demonstrations are host work (expert episodes, tokenisation; no JAX): they build in a thread
+  # while this one starts the devices and loads the weights, so the two overlap (time_setup_s: both).
+  with tracking.timed(times, "time_setup_s"), \
+      concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sft-data") as pool:
+    data = pool.submit(_timed_examples, cfg, tokenizer)
+    with tracking.timed(times, "time_devices_s"):
+      mesh = common.make_mesh(cfg)
+      if not resumed:
+        model_cfg, model = common.init_policy(cfg, tokenizer, mesh)
+        model = _with_lora(cfg, model)
+    (examples, dropped), times["time_data_s"] = data.result()
   lengths = [len(e.ids) for e in examples]
   plan = [batch for epoch in range(cfg.sft.epochs)
           for batch in epoch_batches(lengths, cfg.sft.batch_size, cfg.sft.max_len, cfg.sft.length_bucket,
                                      cfg.seed, epoch)]
   opt_cfg = optimizer_config(cfg, len(plan))
   tx = make_optimizer(opt_cfg)
-  trainable = "lora" if cfg.sft.finetune == "lora" else "full"
-  model_cfg = common.model_config(cfg, tokenizer)
 
-  ckpt = checkpointer(cfg, ws)
-  resumed = ckpt.latest_step() is not None
   started = time.perf_counter()
   if resumed:
     abstract = abstract_train_state(lambda: _with_lora(cfg, Llama(model_cfg, rngs=nnx.Rngs(0))), tx,
@@ -156,8 +172,8 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
     state, _ = ckpt.restore(abstract)
     logging.info("sft: resuming from step %d of %d", int(state.step), len(plan))
   else:
-    model_cfg, model = common.init_policy(cfg, tokenizer, mesh)
-    state = create_train_state(_with_lora(cfg, model), tx, trainable=trainable, seed=cfg.seed)
+    state = create_train_state(model, tx, trainable=trainable, seed=cfg.seed)
+    del model
 
   step_fn = make_sft_step(state, num_micro_batches=cfg.sft.batch_size // cfg.sft.micro_batch_size)
   times["time_init_s"] = time.perf_counter() - started

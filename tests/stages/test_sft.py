@@ -74,6 +74,8 @@ def test_dataset_without_agent_steps_is_an_error(micro_config, tmp_path):
   tokenizer = common.load_tokenizer(cfg, Workspace(cfg.workspace))
   with pytest.raises(ValueError, match="no agent"):
     sft.load_examples(cfg, tokenizer)
+  with pytest.raises(ValueError, match="no agent"):  # built in the stage's data thread, raised by the stage
+    sft.run(cfg, Workspace(cfg.workspace))
 
 
 def test_epoch_batches_cover_every_example_once_grouped_by_length():
@@ -182,8 +184,10 @@ def test_lora_sft_changes_only_the_adapted_projections(micro_config):
   ws = Workspace(cfg.workspace)
   summary = sft.run(cfg, ws)
   assert summary["steps"] == 1 and not summary["resumed"]
-  # where the time went: data, model, compiling the steps, all steps
-  assert all(summary[f"time_{phase}_s"] > 0 for phase in ("data", "init", "compile", "train"))
+  # where the time went: tokenizer, demonstrations and devices side by side, train state, compiling, steps
+  phases = ("tokenizer", "setup", "data", "devices", "init", "compile", "train")
+  assert all(summary[f"time_{phase}_s"] > 0 for phase in phases)
+  assert summary["time_setup_s"] >= max(summary["time_data_s"], summary["time_devices_s"])  # waits for both
   assert len(summary["padded_lengths"]) == 1 and summary["padded_lengths"][0] % cfg.sft.length_bucket == 0
   tokenizer = common.load_tokenizer(cfg, ws)
   initial_cfg, initial = common.init_policy(cfg, tokenizer, common.make_mesh(cfg))
