@@ -3,7 +3,8 @@ longest trajectory (before 3f37db9) against length-sorted chunks each cut after 
 (`spa_jax.stages.ppo.score_rows`); and the tokens one epoch of the update reads: shuffled mini-batches
 of --mini-batch-rows trajectories, each padded to its longest row (`ppo.update` today) against every
 micro-batch of --micro-rows cut to its own longest (what the update would read if its micro-batches
-were trimmed one by one).
+were trimmed one by one), and mini-batches grouped by length (`ppo.group_by_length`) each padded to
+its longest.
 
     .venv/bin/python bench/padding_report.py --root /tmp/spa --chunk-rows 4 --bucket 1024
 
@@ -28,27 +29,28 @@ import numpy as np
 
 import failure_modes
 import results_log
-from spa_jax.stages.ppo import length_chunks
+from spa_jax.stages.ppo import epoch_mini_batches, length_chunks
 from spa_jax.training.batch import bucketed_length
 
 
 def iteration_tokens(records: list[dict], chunk_rows: int, bucket: int, max_len: int, mini_batch_rows: int = 8,
                      micro_rows: int = 1, seed: int = 0) -> dict[str, int]:
   """Real, padded-batch and chunked token counts of one iteration's trajectories, and one update epoch's
-  tokens with mini-batches padded to their longest row against micro-batches each cut to their own."""
+  tokens with mini-batches padded to their longest row (uniform, or grouped by length) against
+  micro-batches each cut to their own."""
   lengths = np.array([len(r["tokens"]) for r in records])
   last_action = np.array([max((i for i, m in enumerate(r["action_mask"]) if m), default=-1) for r in records])
   padded = len(records) * bucketed_length(int(lengths.max()), bucket, max_len)
   chunked = sum(len(index) * bucketed_length(int(last_action[index].max()) + 1, bucket, max_len)
                 for index in length_chunks({"step_end_idx_bs": last_action[:, None]}, chunk_rows))
   cut = lambda rows: len(rows) * bucketed_length(int(last_action[rows].max()) + 1, bucket, max_len)
-  order = np.random.default_rng(seed).permutation(len(records))
-  minis = [order[at:at + mini_batch_rows] for at in range(0, len(order), mini_batch_rows)]
-  update_padded = sum(cut(mini) for mini in minis)
+  minis = epoch_mini_batches(last_action, mini_batch_rows, np.random.default_rng(seed), bucket)
+  grouped = epoch_mini_batches(last_action, mini_batch_rows, np.random.default_rng(seed), bucket, group_by_length=True)
+  update_padded, update_grouped = sum(cut(mini) for mini in minis), sum(cut(mini) for mini in grouped)
   update_micro = sum(cut(mini[rows]) for mini in minis  # each mini-batch's rows length-sorted into micro-batches
                      for rows in length_chunks({"step_end_idx_bs": last_action[mini][:, None]}, micro_rows))
   return {"real": int(lengths.sum()), "padded": int(padded), "chunked": int(chunked),
-          "update_padded": int(update_padded), "update_micro": int(update_micro)}
+          "update_padded": int(update_padded), "update_micro": int(update_micro), "update_grouped": int(update_grouped)}
 
 
 def recorded_update_tokens_per_epoch(workspace: pathlib.Path, mode: str) -> float | None:
@@ -63,7 +65,7 @@ def recorded_update_tokens_per_epoch(workspace: pathlib.Path, mode: str) -> floa
 
 def collect(root: pathlib.Path, chunk_rows: int, bucket: int, max_len: int, mini_batch_rows: int = 8,
             micro_rows: int = 1) -> dict[str, dict[str, float]]:
-  """{arm: {iterations, real, padded, chunked, update_padded, update_micro, their ratios to real, and
+  """{arm: {iterations, real, padded, chunked, update_padded, update_micro, update_grouped, their ratios to real, and
   recorded_update_per_epoch where the runs logged it}} summed over its runs."""
   totals = collections.defaultdict(collections.Counter)
   for workspace in sorted({p.parent.parent for p in root.glob("**/trajectories/ppo_*_it*.jsonl")}):
@@ -81,7 +83,8 @@ def collect(root: pathlib.Path, chunk_rows: int, bucket: int, max_len: int, mini
   if not totals:
     raise SystemExit(f"no trajectories/ppo_*_it*.jsonl under {root}: point --root at a workspace or spa_bench's root")
   return {arm: dict(t) | {f"{key}_ratio": t[key] / t["real"] for key in
-                          ("padded", "chunked", "update_padded", "update_micro", "recorded_update_per_epoch")}
+                          ("padded", "chunked", "update_padded", "update_micro", "update_grouped",
+                           "recorded_update_per_epoch")}
           for arm, t in totals.items()}
 
 
@@ -100,10 +103,12 @@ def main() -> None:
   tokens = lambda r, key: f"{r[key]:,.0f} ({r[key + '_ratio']:.2f}x)" if r.get(key) else "-"
   body = "\n".join(["| arm | iterations | real tokens | targets: padded to the iteration's longest | targets: "
                     "length-sorted chunks, cut | update epoch: mini-batches padded to their longest | update epoch: "
-                    "micro-batches cut one by one | update epoch: recorded `update_tokens` / epochs |",
-                    "|---|---|---|---|---|---|---|---|"] + [
+                    "micro-batches cut one by one | update epoch: mini-batches grouped by length, padded to their longest | "
+                    "update epoch: recorded `update_tokens` / epochs |",
+                    "|---|---|---|---|---|---|---|---|---|"] + [
       f"| {arm} | {r['iterations']} | {r['real']:,} | {tokens(r, 'padded')} | {tokens(r, 'chunked')} | "
-      f"{tokens(r, 'update_padded')} | {tokens(r, 'update_micro')} | {tokens(r, 'recorded_update_per_epoch')} |"
+      f"{tokens(r, 'update_padded')} | {tokens(r, 'update_micro')} | {tokens(r, 'update_grouped')} | "
+      f"{tokens(r, 'recorded_update_per_epoch')} |"
       for arm, r in report.items()])
   results_log.publish(f"padding_report{': ' + args.title if args.title else ''}", body, report,
                       results=not args.no_results)

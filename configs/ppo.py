@@ -68,6 +68,9 @@ def ppo_section(preset: str) -> ml_collections.ConfigDict:
       max_new_tokens=512 if real else 96,
       max_len=4096 if real else 2048,  # longer rollouts are left out of the update
       length_bucket=512,  # a batch is padded to a multiple of this (one compiled shape each)
+      # Update mini-batches of trajectories of like length (ppo.epoch_mini_batches): less padding, but
+      # a mini-batch is no longer a uniform sample of the iteration's trajectories. Off: uniform.
+      group_by_length=False,
       # PPO's own seed (LoRA/critic-head init, task order, sampling, mini-batches); unset: config.seed.
       # Not in the upstream stages' fingerprints: PPO seeds can share one SFT policy and estimator.
       seed=config_dict.placeholder(int),

@@ -17,7 +17,8 @@ Each agent turn is one action (step). Per iteration:
 4. targets (`training.ppo_targets`): KL-shaped rewards r_t - kl_coef KL_t, GAE over steps (a
    step-limit truncation is terminal: the env gives it reward 0), whitened advantages;
 5. `ppo_epochs` passes over shuffled mini-batches of `mini_batch_size * grad_accum` trajectories
-   (`grad_accum` micro-batches each), each cut after its own last step token (`trim_to_steps`,
+   (`grad_accum` micro-batches each; of like lengths with `group_by_length`: `epoch_mini_batches`),
+   each cut after its own last step token (`trim_to_steps`,
    in `length_bucket` multiples): clipped policy + clipped value loss (`training.make_ppo_step`);
 6. the KL coefficient's controller (fixed or adaptive) sees the batch's mean KL.
 
@@ -395,18 +396,35 @@ def targets_batch(shared: Shared, state: PPOState, batch: dict[str, np.ndarray],
   return full, stats
 
 
+def epoch_mini_batches(ends: np.ndarray, rows: int, rng: np.random.Generator, length_bucket: int,
+                       group_by_length: bool = False) -> list[np.ndarray]:
+  """One update epoch's mini-batches of `rows` trajectory indices, given where each trajectory's last
+  step ends (`ends`): a random permutation cut in order; with `group_by_length`, that permutation
+  sorted (stably) by each row's trimmed length (`ends` + 1 rounded up to `length_bucket`, as
+  `trim_to_steps` cuts) before the cut, and the mini-batches' order shuffled. Rows of one length are
+  then grouped at random each epoch, and a mini-batch mixes lengths only where one length's rows run
+  out, so short rows seldom pay for a long one's padding. Every row appears once either way."""
+  order = rng.permutation(len(ends))
+  if group_by_length:
+    lengths = -(-(ends[order] + 1) // length_bucket)
+    order = order[np.argsort(lengths, kind="stable")]
+  minis = [order[start:start + rows] for start in range(0, len(order), rows)]
+  return [minis[i] for i in rng.permutation(len(minis))] if group_by_length else minis
+
+
 def update(shared: Shared, step_fn, state: PPOState, batch: dict[str, np.ndarray], iteration: int):
-  """`ppo_epochs` passes of shuffled mini-batches, each trimmed to its own steps; returns (state, mean
-  metrics over the updates, with `update_tokens`: the mini-batches' tokens, padding included)."""
+  """`ppo_epochs` passes of shuffled mini-batches (`epoch_mini_batches`, grouped by length with
+  ppo.group_by_length), each trimmed to its own steps; returns (state, mean metrics over the updates,
+  with `update_tokens`: the mini-batches' tokens, padding included)."""
   cfg = shared.cfg
   rows = cfg.ppo.mini_batch_size * cfg.ppo.grad_accum
   train_policy = np.asarray(iteration >= cfg.ppo.critic_warmup)  # the first critic_warmup iterations: critic only
   keys = [k for k in batch if k not in ("grounding_bs", "task_rewards_bs", "final_reward_b", "sampler_logp_bt")]
   history, tokens = [], 0
+  ends = batch["step_end_idx_bs"].max(axis=1)
   for epoch in range(cfg.ppo.ppo_epochs):
-    order = np.random.default_rng([ppo_seed(cfg), iteration, epoch]).permutation(len(batch["tokens_bt"]))
-    for start in range(0, len(order), rows):
-      index = order[start:start + rows]
+    rng = np.random.default_rng([ppo_seed(cfg), iteration, epoch])
+    for index in epoch_mini_batches(ends, rows, rng, cfg.ppo.length_bucket, cfg.ppo.group_by_length):
       mini = trim_to_steps({key: batch[key][index] for key in keys}, cfg.ppo.length_bucket)
       tokens += mini["tokens_bt"].size
       with jax.set_mesh(shared.mesh):

@@ -37,6 +37,8 @@ def test_an_update_epoch_pads_each_mini_batch_to_its_longest_and_micro_batches_t
   whole = padding_report.iteration_tokens(records, chunk_rows=2, bucket=256, max_len=4096, mini_batch_rows=4,
                                           micro_rows=4, seed=0)
   assert whole["update_padded"] == whole["update_micro"] == 4 * 768  # one micro-batch per mini-batch: no saving
+  # grouped by length (ppo.group_by_length): the two 256-token rows share a mini-batch, the 512 and 768 ones
+  assert counts["update_grouped"] == 2 * 256 + 2 * 768 <= counts["update_padded"]
 
 
 def test_recorded_update_tokens_are_divided_by_the_run_epochs(tmp_path):

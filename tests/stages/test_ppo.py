@@ -328,3 +328,25 @@ def test_scoring_in_trimmed_length_chunks_equals_scoring_the_padded_batch(tmp_pa
   assert np.abs(scored["old_logp_bt"] - scored["ref_logp_bt"])[in_steps].max() > 1e-3  # a moved policy
   np.testing.assert_allclose(scored["old_values_bs"], np.asarray(whole["old_values_bs"]), atol=2e-5)
   assert np.abs(scored["old_values_bs"]).max() > 1e-3
+
+
+def _padded_tokens(ends: np.ndarray, minis: list[np.ndarray], bucket: int) -> int:
+  return sum(len(mini) * -(-(int(ends[mini].max()) + 1) // bucket) * bucket for mini in minis)
+
+
+def test_update_mini_batches_grouped_by_length_cover_every_row_once_with_less_padding():
+  rng = np.random.default_rng(7)
+  ends = np.where(rng.random(32) < 0.5, rng.integers(300, 1000, 32), rng.integers(1100, 2000, 32))  # 2 lengths
+  uniform = ppo.epoch_mini_batches(ends, 8, np.random.default_rng([1, 2, 3]), 1024)
+  # off: the same mini-batches as a plain seeded permutation cut in order (runs before the option are unchanged)
+  order = np.random.default_rng([1, 2, 3]).permutation(32)
+  assert [list(m) for m in uniform] == [list(order[i:i + 8]) for i in range(0, 32, 8)]
+  epochs = [ppo.epoch_mini_batches(ends, 8, np.random.default_rng([1, 2, e]), 1024, group_by_length=True)
+            for e in range(4)]
+  for minis in epochs:
+    assert sorted(np.concatenate(minis).tolist()) == list(range(32)) and all(len(m) == 8 for m in minis)
+    # at most one mini-batch mixes the two lengths (where the short rows run out)
+    assert sum(len({int(e) // 1024 for e in ends[m] + 1}) > 1 for m in minis) <= 1
+    assert _padded_tokens(ends, minis, 1024) < _padded_tokens(ends, uniform, 1024)
+  # grouping stays random: the epochs pair up different rows
+  assert len({frozenset(frozenset(m.tolist()) for m in minis) for minis in epochs}) > 1
