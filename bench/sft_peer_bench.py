@@ -17,7 +17,8 @@ ours only, which is then not like for like). Reported, peer time / ours (above 1
 Ours runs cold, with spa_jax's persistent XLA compilation cache off (`run.compilation_cache=False`), as
 the peer has no cache: a cache warmed by an earlier run of the same shapes on the machine cut the
 compilation from ~20-40 s to 11 s on 2026-12-07. `--warm-cache` keeps the cache (a repeated run's
-figure) and says so in the heading.
+figure) and says so in the heading. `--set PATH=VALUE` overrides our config (e.g. `--set
+sft.max_padded_lengths=1 --set sft.length_bucket=128`: one compiled step shape fitted to the data).
 Appends a section to bench/RESULTS.md (unless --no-results) and ends with ONE JSON line on stdout.
 """
 
@@ -105,6 +106,8 @@ def main() -> None:
   parser.add_argument("--one-shot", action="store_true", help="ours with the one-shot demonstration (not like for like)")
   parser.add_argument("--warm-cache", action="store_true",
                       help="keep spa_jax's persistent XLA compilation cache (default: off, a cold compilation)")
+  parser.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
+                      help="a config override for ours (repeatable), e.g. sft.max_padded_lengths=1")
   parser.add_argument("--no-results", action="store_true")
   args = parser.parse_args()
   gguf = pathlib.Path(args.gguf)
@@ -121,7 +124,7 @@ def main() -> None:
               f"--config.sft.epochs={args.epochs}", f"--config.agent.one_shot={args.one_shot}",
               "--config.model.gguf=", f"--config.model.hf_path={args.hf}", "--config.env.search_backend=bm25",
               "--config.tracking.tensorboard=False", "--config.tracking.progress=False",
-              f"--config.run.compilation_cache={args.warm_cache}"]
+              f"--config.run.compilation_cache={args.warm_cache}"] + [f"--config.{item}" for item in args.set]
   print("ours:", " ".join(ours_cmd), file=sys.stderr, flush=True)
   started = time.perf_counter()
   done = subprocess.run(ours_cmd, cwd=REPO, capture_output=True, text=True)
@@ -131,9 +134,10 @@ def main() -> None:
   results_log.publish(
       f"sft_peer_bench: SmolLM2-135M SFT against the PyTorch peer, {args.demos} demonstrations x {args.epochs} epochs"
       f"{', ours with the one-shot demonstration' if args.one_shot else ''}"
-      f"{', ours with the persistent XLA cache (warm if this machine compiled these shapes before)' if args.warm_cache else ''}",
+      f"{', ours with the persistent XLA cache (warm if this machine compiled these shapes before)' if args.warm_cache else ''}"
+      f"{', ours with ' + ' '.join(args.set) if args.set else ''}",
       table(peer, ours),
-      {"peer": peer, "ours": {**ours, "compilation_cache": args.warm_cache}, "step_ratio": peer["step_s"] / ours["step_s"], "job_ratio": peer["job_s"] / ours["job_s"]},
+      {"peer": peer, "ours": {**ours, "compilation_cache": args.warm_cache, "overrides": args.set}, "step_ratio": peer["step_s"] / ours["step_s"], "job_ratio": peer["job_s"] / ours["job_s"]},
       results=not args.no_results)
 
 

@@ -34,6 +34,9 @@ def sft_section(preset: str) -> ml_collections.ConfigDict:
       weight_decay=0.0,
       max_len=4096 if real else 2048,
       length_bucket=256,  # sequences are padded to a multiple of this (one compiled step per padded length)
+      # At most this many padded lengths, fitted to the data to pad least (multiples of length_bucket;
+      # training.batch.fit_padded_lengths): fewer compilations, more padding. 0: every multiple that occurs.
+      max_padded_lengths=0,
       # Weight of a language-model loss on the other tokens (prompt, observations) beside the
       # agent's; 0 is the paper's agent-only SFT (real presets). For the randomly initialised tiny
       # model it stands in for pretraining: observations repeat the instruction and product text

@@ -262,6 +262,7 @@ def _training_errors(errors: list[str], cfg) -> None:
     _at_least(errors, cfg, f"{stage}.checkpoint_every", 1)
     _at_least(errors, cfg, f"{stage}.keep_checkpoints", 1)
   _at_least(errors, cfg, "sft.epochs", 1)
+  _at_least(errors, cfg, "sft.max_padded_lengths", 0)  # 0: every multiple of sft.length_bucket
   _check(errors, cfg, "prm.epochs", lambda v: v >= 1 or (v == 0 and cfg.prm.head_init == "probe"),
          ">= 1, or 0 with prm.head_init=probe (the linear probe of the SFT features is the estimator)")
   for stage in ("sft", "prm"):

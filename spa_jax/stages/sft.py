@@ -11,6 +11,7 @@ demonstrations build in a thread while the devices start and the weights load (t
 Writes: policies/sft/ (HF directory), checkpoints/sft/<config hash>/, metrics/sft.jsonl, plots/sft.png.
 """
 
+import bisect
 import concurrent.futures
 import logging
 import shutil
@@ -25,7 +26,7 @@ from spa_jax import distributed, tracking
 from spa_jax.models import Llama, apply_lora
 from spa_jax.rollout import agent_format as af
 from spa_jax.stages import common
-from spa_jax.training.batch import bucketed_length, check_has_agent_tokens
+from spa_jax.training.batch import bucketed_length, check_has_agent_tokens, fit_padded_lengths
 from spa_jax.training.checkpoint import Checkpointer
 from spa_jax.training.global_batch import global_batch_shapes, to_global_batch
 from spa_jax.training.optim import OptimizerConfig, learning_rate_schedule, make_optimizer
@@ -74,12 +75,16 @@ def load_examples(cfg: ml_collections.ConfigDict, tokenizer) -> tuple[list[af.Sf
   return kept, len(examples) - len(kept)
 
 
-def epoch_batches(lengths: list[int], batch_size: int, max_len: int, length_bucket: int, seed: int, epoch: int
-                  ) -> list[tuple[int, list[int]]]:
-  """(sequence length, example indices) per batch of one epoch: shuffled, grouped by length bucket."""
+def epoch_batches(lengths: list[int], batch_size: int, max_len: int, length_bucket: int, seed: int, epoch: int,
+                  padded_lengths: list[int] | None = None) -> list[tuple[int, list[int]]]:
+  """(sequence length, example indices) per batch of one epoch: shuffled, grouped by length bucket:
+  the next multiple of `length_bucket`, or with `padded_lengths` (ascending) the smallest that holds it."""
   rng = np.random.default_rng([seed, epoch])
   order = rng.permutation(len(lengths))
-  bucket = lambda i: bucketed_length(lengths[i], length_bucket, max_len)  # noqa: E731
+  if padded_lengths:
+    bucket = lambda i: padded_lengths[bisect.bisect_left(padded_lengths, lengths[i])]  # noqa: E731
+  else:
+    bucket = lambda i: bucketed_length(lengths[i], length_bucket, max_len)  # noqa: E731
   order = sorted(order, key=bucket)  # stable: shuffled within buckets
   batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
   batches = [batches[i] for i in rng.permutation(len(batches))]
@@ -159,9 +164,11 @@ def run(cfg: ml_collections.ConfigDict, ws: Workspace) -> dict:
         model = _with_lora(cfg, model)
     (examples, dropped), times["time_data_s"] = data.result()
   lengths = [len(e.ids) for e in examples]
+  padded_lengths = (fit_padded_lengths(lengths, cfg.sft.max_padded_lengths, cfg.sft.length_bucket, cfg.sft.max_len)
+                    if cfg.sft.max_padded_lengths else None)
   plan = [batch for epoch in range(cfg.sft.epochs)
           for batch in epoch_batches(lengths, cfg.sft.batch_size, cfg.sft.max_len, cfg.sft.length_bucket,
-                                     cfg.seed, epoch)]
+                                     cfg.seed, epoch, padded_lengths)]
   opt_cfg = optimizer_config(cfg, len(plan))
   tx = make_optimizer(opt_cfg)
 

@@ -30,6 +30,7 @@ has `loss_mask_bt` 0 and `step_id_bt` -1, so it enters no log-ratio, KL, advanta
 the logits at t-1 (`token_logprobs`), so action tokens never sit at t = 0.
 """
 
+import collections
 from collections.abc import Sequence
 
 import jax
@@ -128,6 +129,36 @@ def bucketed_length(length: int, length_bucket: int, max_len: int) -> int:
   """`length` rounded up to a multiple of `length_bucket` (one compiled shape per multiple), at most
   `max_len`: the padded length of every batch the training stages build."""
   return min(max_len, -(-length // length_bucket) * length_bucket)
+
+
+def fit_padded_lengths(lengths: Sequence[int], max_count: int, multiple: int, max_len: int) -> list[int]:
+  """At most `max_count` padded lengths (multiples of `multiple`, at most `max_len`, ascending) that
+  pad `lengths` least when each is padded to the smallest one that holds it: one compiled step per
+  padded length, so fewer lengths compile faster and pad more. Exact (dynamic programming over the
+  distinct rounded lengths); the longest one always holds the longest sequence."""
+  if max_count < 1 or not lengths:
+    raise ValueError(f"need at least one padded length and one sequence (max_count={max_count}, "
+                     f"{len(lengths)} sequences)")
+  rounded = collections.Counter(bucketed_length(n, multiple, max_len) for n in lengths)
+  values, counts = sorted(rounded), [rounded[v] for v in sorted(rounded)]
+  below = np.concatenate([[0], np.cumsum(counts)])  # below[j]: sequences rounded to values[:j]
+  # cost[k][j]: fewest padded tokens for values[:j + 1] with k + 1 lengths, the largest values[j]
+  cost = [[values[j] * below[j + 1] for j in range(len(values))]]
+  choice = [[-1] * len(values)]
+  for _ in range(1, min(max_count, len(values))):
+    row, picks = [], []
+    for j in range(len(values)):
+      options = [(cost[-1][i] + values[j] * (below[j + 1] - below[i + 1]), i) for i in range(j)]
+      best = min(options, default=(cost[-1][j], choice[-1][j]))
+      row.append(best[0])
+      picks.append(best[1])
+    cost.append(row)
+    choice.append(picks)
+  k, j, chosen = len(cost) - 1, len(values) - 1, []
+  while j >= 0 and k >= 0:
+    chosen.append(values[j])
+    j, k = choice[k][j], k - 1
+  return sorted(chosen)
 
 
 def trim_to_steps(batch: dict[str, np.ndarray], length_bucket: int) -> dict[str, np.ndarray]:

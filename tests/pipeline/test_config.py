@@ -88,6 +88,7 @@ def test_unknown_preset_is_rejected():
     ("ppo.warmup_updates", -1, "config.ppo.warmup_updates=-1: must be >= 0"),
     ("sft.expert_recovery", 1.5, "config.sft.expert_recovery=1.5: must be in [0, 1]"),
     ("sft.epochs", 0, "config.sft.epochs=0: must be >= 1"),
+    ("sft.max_padded_lengths", -1, "config.sft.max_padded_lengths=-1: must be >= 0"),
     ("prm.epochs", -1, "config.prm.epochs=-1: must be >= 1, or 0 with prm.head_init=probe"),
     ("prm.validation_fraction", 1.0, "config.prm.validation_fraction=1.0: must be in [0, 1)"),
     ("label.grounding_form", "none", "config.label.grounding_form='none': must be one of ('bonus', 'penalty')"),

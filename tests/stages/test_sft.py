@@ -93,6 +93,16 @@ def test_epoch_batches_cover_every_example_once_grouped_by_length():
   assert len({seq_len for seq_len, _ in batches}) > 2
 
 
+def test_epoch_batches_pad_to_the_fitted_lengths_when_given():
+  lengths = [100, 700, 90, 650, 400, 1000]
+  batches = sft.epoch_batches(lengths, batch_size=2, max_len=2048, length_bucket=256, seed=0, epoch=0,
+                              padded_lengths=[128, 1024])
+  assert sorted(i for _, rows in batches for i in rows) == list(range(6))
+  assert {seq_len for seq_len, _ in batches} <= {128, 1024}
+  assert all(seq_len >= max(lengths[i] for i in rows) for seq_len, rows in batches)
+  assert any(seq_len == 128 and sorted(rows) == [0, 2] for seq_len, rows in batches)  # the two short ones
+
+
 def test_batch_mask_weighs_agent_tokens_one_context_tokens_by_weight_and_padding_zero():
   short = af.SftExample(ids=[5, 6, 7, 8], loss_mask=[0, 0, 1, 1], step_mask=[0, 0, 1, 1], step_ends=[3])
   long = af.SftExample(ids=[5, 6, 7, 8, 9, 10], loss_mask=[0, 1, 1, 0, 1, 1], step_mask=[0, 0, 0, 0, 1, 1],
@@ -135,6 +145,11 @@ def test_sft_compiles_each_padded_length_once_before_the_loop(micro_config, monk
   assert len(summary["padded_lengths"]) == 2, summary["padded_lengths"]  # the point of the test
   assert sorted(made[0].lowered_lengths) == summary["padded_lengths"]
   assert summary["steps"] == 2 and np.isfinite(summary["final_loss"])
+  # sft.max_padded_lengths=1: one length fitted to the data (the longest, in length_bucket multiples), one compile
+  cfg.sft.max_padded_lengths = 1
+  made.clear()
+  one = sft.run(cfg, Workspace(cfg.workspace))
+  assert one["padded_lengths"] == [max(summary["padded_lengths"])] and made[0].lowered_lengths == one["padded_lengths"]
 
 
 RESUME = {key: value for key, value in MICRO.items() if key.split(".")[0] not in ("explore", "eval")}

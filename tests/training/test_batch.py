@@ -119,3 +119,24 @@ def test_trim_to_steps_cuts_after_the_last_step_token_in_bucket_multiples(toy_ba
   assert tb.trim_to_steps(toy_batch, length_bucket=1000)["tokens_bt"].shape == toy_batch["tokens_bt"].shape
   with pytest.raises(ValueError, match="old_logp_bt has 5 tokens per row"):
     tb.trim_to_steps(toy_batch | {"old_logp_bt": np.zeros((4, 5))}, length_bucket=8)
+
+
+def _padded_tokens(lengths, padded_lengths):
+  return sum(min(p for p in padded_lengths if p >= n) for n in lengths)
+
+
+def test_fitted_padded_lengths_pad_least_for_their_count():
+  # the SFT demonstrations' shape: most 1.1-1.8k tokens, a few short ones
+  lengths = [300, 310, 1200, 1250, 1400, 1450, 1500, 1530, 1600, 1700, 1839]
+  one = tb.fit_padded_lengths(lengths, 1, 128, 4096)
+  assert one == [1920]  # the longest, rounded up to a multiple of 128
+  two = tb.fit_padded_lengths(lengths, 2, 128, 4096)
+  assert two[-1] == 1920 and len(two) == 2
+  # every other choice of a second length pads at least as much (exhaustive over multiples of 128)
+  best = min(_padded_tokens(lengths, [b, 1920]) for b in range(128, 1920, 128))
+  assert _padded_tokens(lengths, two) == best < _padded_tokens(lengths, one)
+  many = tb.fit_padded_lengths(lengths, 50, 128, 4096)  # as many as distinct rounded lengths: no waste
+  assert _padded_tokens(lengths, many) == sum(tb.bucketed_length(n, 128, 4096) for n in lengths)
+  assert tb.fit_padded_lengths(lengths, 2, 128, 1792)[-1] == 1792  # capped at max_len like bucketed_length
+  with pytest.raises(ValueError, match="at least one padded length"):
+    tb.fit_padded_lengths(lengths, 0, 128, 4096)
