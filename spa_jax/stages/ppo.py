@@ -16,10 +16,12 @@ Each agent turn is one action (step). Per iteration:
    chunks, each cut after its own last step (`score_rows`);
 4. targets (`training.ppo_targets`): KL-shaped rewards r_t - kl_coef KL_t, GAE over steps (a
    step-limit truncation is terminal: the env gives it reward 0), whitened advantages;
-5. `ppo_epochs` passes over shuffled mini-batches of `mini_batch_size * grad_accum` trajectories
-   (`grad_accum` micro-batches each; of like lengths with `group_by_length`: `epoch_mini_batches`),
-   each cut after its own last step token (`trim_to_steps`,
-   in `length_bucket` multiples): clipped policy + clipped value loss (`training.make_ppo_step`);
+5. `ppo_epochs` passes over shuffled mini-batches of `mini_batch_size * grad_accum` trajectories (of
+   like lengths with `group_by_length`: `epoch_mini_batches`), one optimizer step each: its rows sorted
+   by length into micro-batches of `mini_batch_size` (`micro_batch_rows`), each micro-batch cut after
+   its own last step token (`trim_to_steps`, in `length_bucket` multiples), their gradient sums added:
+   clipped policy + clipped value loss (`training.make_ppo_step`; the same update as on the padded
+   mini-batch, on fewer tokens);
 6. the KL coefficient's controller (fixed or adaptive) sees the batch's mean KL.
 
 Each iteration's metrics (metrics/ppo_<mode>.jsonl) hold the rollout summary, the losses, `kl` (mean KL
@@ -32,7 +34,7 @@ or offline data), `time_rewards_s` (2), `time_targets_s` (3-4), `time_update_s` 
 (`generated_tokens` by the sampler, online; `batch_tokens` in the trajectories trained on;
 `padded_tokens` in their padded batch; `targets_tokens`, the tokens the targets' scoring passes read,
 in length-sorted chunks each trimmed to its own longest row; `update_tokens`, the tokens of the
-update's mini-batches, trimmed, summed over its epochs); and, on
+update's micro-batches, each trimmed, summed over its epochs); and, on
 GPU/TPU, `peak_memory_gb`: the device allocator's high-water mark at the iteration's end (GB since
 the process started, so it includes earlier stages run in the same process).
 
@@ -197,7 +199,7 @@ def ppo_step_fn(shared: "Shared", state: PPOState):
     p = shared.cfg.ppo
     shared.step_fn = make_ppo_step(state, PPOConfig(
         clip_eps=p.clip_ratio, value_clip_eps=p.value_clip, vf_coef=p.vf_coef, entropy_coef=p.entropy_coef,
-        max_mean_ratio=p.max_mean_ratio, num_micro_batches=p.grad_accum))
+        max_mean_ratio=p.max_mean_ratio))
   return shared.step_fn
 
 
@@ -412,23 +414,40 @@ def epoch_mini_batches(ends: np.ndarray, rows: int, rng: np.random.Generator, le
   return [minis[i] for i in rng.permutation(len(minis))] if group_by_length else minis
 
 
+def micro_batch_rows(mini_batch_size: int, rows: int, mesh) -> int:
+  """Rows per update micro-batch: ppo.mini_batch_size, raised to the least multiple of the mesh's batch
+  devices (every device holds rows of each micro-batch; the update's sums do not depend on how the
+  mini-batch is cut). It must divide the mini-batch's `rows`."""
+  devices = batch_devices(mesh)
+  micro = math.lcm(mini_batch_size, devices)
+  if rows % micro:
+    raise ValueError(f"a mini-batch of ppo.mini_batch_size * ppo.grad_accum = {rows} trajectories does not split "
+                     f"into micro-batches of {micro} (a multiple of ppo.mini_batch_size={mini_batch_size} and of the "
+                     f"{devices} batch devices): make ppo.grad_accum a multiple of {micro // mini_batch_size}")
+  return micro
+
+
 def update(shared: Shared, step_fn, state: PPOState, batch: dict[str, np.ndarray], iteration: int):
   """`ppo_epochs` passes of shuffled mini-batches (`epoch_mini_batches`, grouped by length with
-  ppo.group_by_length), each trimmed to its own steps; returns (state, mean metrics over the updates,
-  with `update_tokens`: the mini-batches' tokens, padding included)."""
+  ppo.group_by_length), each as micro-batches trimmed to their own steps; returns (state, mean metrics
+  over the updates, with `update_tokens`: the micro-batches' tokens, padding included)."""
   cfg = shared.cfg
   rows = cfg.ppo.mini_batch_size * cfg.ppo.grad_accum
+  micro_rows = micro_batch_rows(cfg.ppo.mini_batch_size, rows, shared.mesh)
   train_policy = np.asarray(iteration >= cfg.ppo.critic_warmup)  # the first critic_warmup iterations: critic only
   keys = [k for k in batch if k not in ("grounding_bs", "task_rewards_bs", "final_reward_b", "sampler_logp_bt")]
-  history, tokens = [], 0
   ends = batch["step_end_idx_bs"].max(axis=1)
+  history, tokens = [], 0
   for epoch in range(cfg.ppo.ppo_epochs):
     rng = np.random.default_rng([ppo_seed(cfg), iteration, epoch])
     for index in epoch_mini_batches(ends, rows, rng, cfg.ppo.length_bucket, cfg.ppo.group_by_length):
-      mini = trim_to_steps({key: batch[key][index] for key in keys}, cfg.ppo.length_bucket)
-      tokens += mini["tokens_bt"].size
+      index = index[np.argsort(ends[index], kind="stable")]  # rows of like length share a micro-batch
+      micros = [trim_to_steps({key: batch[key][index[at:at + micro_rows]] for key in keys}, cfg.ppo.length_bucket)
+                for at in range(0, rows, micro_rows)]
+      tokens += sum(micro["tokens_bt"].size for micro in micros)
       with jax.set_mesh(shared.mesh):
-        state, metrics = step_fn(state, to_global_batch(prm.process_rows(mini), shared.mesh), train_policy)
+        state, metrics = step_fn(state, [to_global_batch(prm.process_rows(micro), shared.mesh) for micro in micros],
+                                 train_policy)
       history.append(metrics)  # device arrays: no host sync, the next mini-batch is prepared meanwhile
   history = jax.device_get(history)
   return state, {name: float(np.mean([h[name] for h in history])) for name in history[0]} | {

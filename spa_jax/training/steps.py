@@ -12,6 +12,9 @@ m, m + M, ...: every micro-batch spans all batch shards). Gradients of
 result equals the full-batch mean exactly and only one micro-batch's activations are live.
 Update steps take no rng: no loss samples (there is no dropout).
 
+The PPO update (`PPOStep`) takes its micro-batches as separate arrays instead, each cut to its own
+length, and sums their gradients outside one program (module `PPOStep` doc).
+
 `compile_ahead` compiles an update step for several batch shapes before a training loop, side by side,
 so that no shape compiles mid-loop.
 """
@@ -196,59 +199,108 @@ class PPOConfig:
   vf_coef: float = 0.1
   entropy_coef: float = 0.0
   max_mean_ratio: float = 10.0  # skip the update when the batch's mean ratio exceeds this
-  num_micro_batches: int = 1
 
 
-def _ppo_loss_fn(params, micro, *, state: PPOState, cfg: PPOConfig, num_tokens, num_steps):
+def _ppo_loss_sums(params, micro, *, state: PPOState, cfg: PPOConfig):
+  """(objective, SumCount metrics) of one micro-batch, unnormalised: the sum over its agent tokens of
+  the clipped policy loss (less the entropy bonus) plus the sum over its steps of the value loss. The
+  two terms touch disjoint parameters (policy, critic), so one gradient holds both sums' gradients,
+  each normalised later by the whole mini-batch's count (`PPOStep`)."""
   policy_params, critic_params = params
   policy = nnx.merge(state.policy.graphdef, policy_params, state.policy.frozen)
   logits_btv, _, _ = policy(micro["tokens_bt"], micro["positions_bt"])
   logp_bt = token_logprobs(logits_btv, micro["tokens_bt"])
   metrics = ppo_policy_loss(logp_bt, micro["old_logp_bt"], micro["advantages_bt"],
                             micro["loss_mask_bt"], clip_eps=cfg.clip_eps)
-  loss = metrics["policy_loss"].total / num_tokens
+  objective = metrics["policy_loss"].total
   if cfg.entropy_coef:
     metrics["entropy"] = masked_sum_count(token_entropy(logits_btv), micro["loss_mask_bt"])
-    loss = loss - cfg.entropy_coef * metrics["entropy"].total / num_tokens
+    objective = objective - cfg.entropy_coef * metrics["entropy"].total
 
   critic = nnx.merge(state.critic.graphdef, critic_params, state.critic.frozen)
   values_bs = gather_steps(critic(micro["tokens_bt"], micro["positions_bt"]),
                            micro["step_start_idx_bs"])
   metrics |= value_loss(values_bs, micro["old_values_bs"], micro["returns_bs"],
                         micro["step_mask_bs"], clip_eps=cfg.value_clip_eps)
-  loss = loss + cfg.vf_coef * metrics["value_loss"].total / num_steps
-  return loss, metrics
+  return objective + metrics["value_loss"].total, metrics
 
 
-def make_ppo_step(state_template: PPOState, cfg: PPOConfig):
-  """Jitted `(ppo_state, batch, train_policy=True) -> (ppo_state, metrics)`: clipped policy + clipped
-  value update; with `train_policy` False (pass a numpy bool: one compiled program for both) only the
-  critic's (critic warm-up: the policy and its optimizer state are returned as they came).
+class PPOStep:
+  """`step(ppo_state, micro_batches, train_policy=True) -> (ppo_state, metrics)`: one clipped policy +
+  clipped value update on a mini-batch given as micro-batches (one `Batch`, or a sequence of them)
+  that may each have their own length: each is cut after its own last step (`batch.trim_to_steps`),
+  so a mini-batch of short and long trajectories pays for each row's length, not the longest one's.
+  Each micro-batch's gradient of the unnormalised loss sums is added up on the device (one program per
+  micro-batch shape), then the sums are divided by the mini-batch's token and step counts and applied
+  (one program): the same update as the mean losses over the whole mini-batch. With `train_policy`
+  False (pass a numpy bool: one compiled program for both) only the critic's (critic warm-up: the
+  policy and its optimizer state are returned as they came).
 
   Needs the layout keys plus `old_logp_bt`, `advantages_bt` (from `ppo_targets`), `returns_bs`
-  and `old_values_bs`. If the mean ratio exceeds `cfg.max_mean_ratio` the state is returned
-  unchanged and metrics["skipped"] is 1.
+  and `old_values_bs`. If the mini-batch's mean ratio exceeds `cfg.max_mean_ratio` the state is
+  returned unchanged and metrics["skipped"] is 1.
   """
-  def step(state, batch, train_policy=True):
-    num_tokens = jnp.maximum(jnp.sum(batch["loss_mask_bt"]), 1.0)
-    num_steps = jnp.maximum(jnp.sum(batch["step_mask_bs"]), 1.0)
-    loss_fn = functools.partial(_ppo_loss_fn, state=state, cfg=cfg, num_tokens=num_tokens,
-                                num_steps=num_steps)
-    (policy_grads, critic_grads), metrics = accumulate_gradients(
-        loss_fn, (state.policy.params, state.critic.params), batch, cfg.num_micro_batches)
+
+  def __init__(self, state_template: PPOState, cfg: PPOConfig):
+    self.cfg = cfg
+    grad_fn = jax.grad(functools.partial(_ppo_loss_sums, cfg=cfg), has_aux=True)
+
+    def gradient_sums(state, micro):
+      return grad_fn((state.policy.params, state.critic.params), _constrain_rows(micro), state=state)
+
+    def accumulate(state, micro, totals):
+      return jax.tree.map(jnp.add, totals, gradient_sums(state, micro))
+
+    self._gradient_sums = gradient_sums
+    self._accumulate = jax.jit(accumulate, donate_argnums=2)
+    param_shardings = [x.sharding for x in jax.tree.leaves((state_template.policy.params,
+                                                            state_template.critic.params))]
+    self._zero_grads = jax.jit(lambda state: _constrain_to(
+        jax.tree.map(jnp.zeros_like, (state.policy.params, state.critic.params)), param_shardings))
+    self._metric_names = None
+    self._apply = _jit_update(self._apply_sums, state_template)
+
+  def _apply_sums(self, state, totals, train_policy):
+    (policy_sums, critic_sums), metrics = totals
+    num_tokens = jnp.maximum(metrics["policy_loss"].count, 1.0)
+    num_steps = jnp.maximum(metrics["value_loss"].count, 1.0)
+    policy_grads = jax.tree.map(lambda g: g / num_tokens, policy_sums)
+    critic_grads = jax.tree.map(lambda g: g * (self.cfg.vf_coef / num_steps), critic_sums)
     means = summarize(metrics)
-    skipped = means["ratio"] > cfg.max_mean_ratio
+    policy_norm, critic_norm = optax.tree.norm(policy_grads), optax.tree.norm(critic_grads)
+    skipped = (means["ratio"] > self.cfg.max_mean_ratio) | ~jnp.isfinite(policy_norm + critic_norm)
 
     def update(state):
+      critic = state.critic.apply_gradients(critic_grads)
+      # the critic's update (its global-norm clipping reduces across devices) finishes before the policy's
+      # starts: XLA:CPU runs independent collectives of one program concurrently, in different orders on
+      # different devices, and on a few cores they deadlock (about 1 update in 10 of tests/training/
+      # sharded_equivalence.py on 8 forced host devices without this; none in 60 with it)
+      critic, policy = jax.lax.optimization_barrier((critic, state.policy))
       policy = jax.lax.cond(train_policy, lambda policy: policy.apply_gradients(policy_grads), lambda policy: policy,
-                            state.policy)
-      return PPOState(policy=policy, critic=state.critic.apply_gradients(critic_grads))
+                            policy)
+      return PPOState(policy=policy, critic=critic)
     new_state = jax.lax.cond(skipped, lambda state: state, update, state)
     return new_state, means | {
-        "skipped": skipped.astype(jnp.float32),
-        "policy_grad_norm": optax.tree.norm(policy_grads),
-        "critic_grad_norm": optax.tree.norm(critic_grads)}
-  return _jit_update(step, state_template)
+        "skipped": skipped.astype(jnp.float32), "policy_grad_norm": policy_norm, "critic_grad_norm": critic_norm}
+
+  def __call__(self, state: PPOState, micro_batches: Batch | list[Batch], train_policy=True):
+    micro_batches = [micro_batches] if isinstance(micro_batches, Mapping) else list(micro_batches)
+    if not micro_batches:
+      raise ValueError("a PPO update needs at least one micro-batch")
+    if self._metric_names is None:  # the metrics' names (one abstract trace)
+      _, metrics = jax.eval_shape(self._gradient_sums, state, micro_batches[0])
+      self._metric_names = tuple(metrics)
+    totals = (self._zero_grads(state),  # separate zero buffers: the totals are donated
+              {name: SumCount(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32)) for name in self._metric_names})
+    for micro in micro_batches:
+      totals = self._accumulate(state, micro, totals)
+    return self._apply(state, totals, train_policy)
+
+
+def make_ppo_step(state_template: PPOState, cfg: PPOConfig) -> PPOStep:
+  """The PPO update of `PPOStep` for states laid out like `state_template`."""
+  return PPOStep(state_template, cfg)
 
 
 # ----------------------------------------------------------------------------- forward passes

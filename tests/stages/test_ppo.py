@@ -7,6 +7,7 @@ trained on, KL 0 to an unchanged reference; config errors: tests/pipeline/test_c
 import dataclasses
 import json
 import shutil
+import types
 
 import jax
 import numpy as np
@@ -350,3 +351,12 @@ def test_update_mini_batches_grouped_by_length_cover_every_row_once_with_less_pa
     assert _padded_tokens(ends, minis, 1024) < _padded_tokens(ends, uniform, 1024)
   # grouping stays random: the epochs pair up different rows
   assert len({frozenset(frozenset(m.tolist()) for m in minis) for minis in epochs}) > 1
+
+
+def test_update_micro_batches_hold_rows_on_every_batch_device():
+  mesh = types.SimpleNamespace(shape={"data": 2, "fsdp": 2})  # 4 batch devices
+  assert ppo.micro_batch_rows(1, 8, mesh) == 4  # one trajectory per micro-batch is raised to one per device
+  assert ppo.micro_batch_rows(8, 16, mesh) == 8
+  assert ppo.micro_batch_rows(2, 4, types.SimpleNamespace(shape={"data": 1, "fsdp": 1})) == 2
+  with pytest.raises(ValueError, match=r"make ppo.grad_accum a multiple of 2"):
+    ppo.micro_batch_rows(2, 6, mesh)

@@ -160,7 +160,7 @@ def test_progress_step_fits_trajectory_returns():
   assert float(jnp.mean((sums_b - batch["final_reward_b"]) ** 2)) < losses[0]
 
 
-PPO_CONFIG = steps.PPOConfig(num_micro_batches=2, entropy_coef=0.01)
+PPO_CONFIG = steps.PPOConfig(entropy_coef=0.01)
 PPO_TX = adamw(1e-3)  # shared so that fresh states hit the compiled step's cache
 
 
@@ -224,6 +224,31 @@ def test_ppo_step_on_a_batch_trimmed_to_its_steps_is_the_same_update():
     np.testing.assert_allclose(trimmed_metrics[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
   for a, b in zip(jax.tree.leaves(full_state), jax.tree.leaves(trimmed_state), strict=True):
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)  # AdamW at lr 1e-3: float noise of 1% of a step
+
+
+def test_ppo_step_on_micro_batches_cut_to_their_own_lengths_is_the_mini_batch_update():
+  """`PPOStep` sums the micro-batches' unnormalised gradients and divides by the mini-batch's counts:
+  the rows of one padded mini-batch, sorted by length into micro-batches of one and two rows each cut
+  after its own steps, give the update of the whole padded mini-batch, on fewer tokens."""
+  state, batch, _ = _ppo_setup()
+  host = {key: np.asarray(x) for key, x in batch.items()}
+  order = np.argsort(host["step_end_idx_bs"].max(axis=1), kind="stable")
+  parts = [order[:1], order[1:3], order[3:]]
+  micros = [trim_to_steps({key: x[rows] for key, x in host.items()}, length_bucket=1) for rows in parts]
+  assert len({m["tokens_bt"].shape[1] for m in micros}) == 3  # three lengths
+  assert sum(m["tokens_bt"].size for m in micros) < host["tokens_bt"].size
+  whole_state, whole = steps.make_ppo_step(state, PPO_CONFIG)(state, batch)
+  state, _, _ = _ppo_setup()
+  parts_state, by_parts = steps.make_ppo_step(state, PPO_CONFIG)(state, [as_jnp(m) for m in micros])
+  for name, value in whole.items():
+    np.testing.assert_allclose(by_parts[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+  for a, b in zip(jax.tree.leaves(whole_state), jax.tree.leaves(parts_state), strict=True):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+  # the loss is the mini-batch's mean, not a mean of micro-batch means: a per-micro-batch normalisation
+  # would weight the one-row micro-batch's tokens as much as the others together
+  mean_of_means = np.mean([float(steps.make_ppo_step(_ppo_setup()[0], PPO_CONFIG)(_ppo_setup()[0], as_jnp(m))[1]["policy_loss"])
+                           for m in micros])
+  assert not np.isclose(mean_of_means, float(whole["policy_loss"]), rtol=1e-3)
 
 
 def test_critic_warmup_step_trains_the_critic_alone(ppo_step):
