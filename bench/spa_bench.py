@@ -30,7 +30,9 @@ runs' per-iteration train-rollout curves and, with `--set ppo.eval_every=K`, the
 (greedy on the eval goals every K iterations: metrics/ppo_<mode>_eval.jsonl). Reported: mean,
 sample standard deviation and the 95% confidence interval of the mean (Student t) over seeds;
 reference rows for the scripted expert, the first-result and the goes-back policies on the same
-goals (bench/reference_policies.py); the paired per-seed difference SPA - sparse with its 95% CI; with
+goals (bench/reference_policies.py); the paired per-seed difference SPA - sparse with its 95% CI and
+what the seeds can resolve (the difference they detect with 80% power, the seeds the paper's gain
+would need at their spread: `paired_difference`); with
 held-out curves, for each dense mode and arm, per seed the first iteration at which its held-out
 success rate reaches sparse's final one (as a fraction of sparse's iterations: the "half the
 iterations" criterion), and the same on the mean curves over seeds at the evaluations every run
@@ -52,7 +54,7 @@ import sys
 import time
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
 from results_log import REPO, append_section
 from spa_jax.tracking import read_metrics
@@ -61,6 +63,10 @@ POLICIES = ("sft", "ppo_sparse", "ppo_spa")
 CURVES = ("success_rate", "score")  # train-rollout metrics of each PPO iteration
 EVAL_CURVES = tuple(f"eval_{metric}" for metric in CURVES)  # held-out (ppo.eval_every) metrics
 METRICS = ("score", "success_rate", "purchase_rate", "grounding", "mean_steps")
+# SPA's gain over PPO in the paper (Wang et al. 2025), as the power analysis's reference effect: WebShop score
+# with Llama-3.2-3B, 64.1 vs 62.1 (Figure 2, read second-hand); success rate, +2.5 points averaged over WebShop,
+# ALFWorld and VirtualHome (abstract). ../shared/reference/spa-rl.md.
+PAPER_GAIN = {"score": 2.0, "success_rate": 2.5}
 ESTIMATOR = ("heldout_mse", "heldout_r2", "heldout_pearson", "heldout_steps_pearson", "heldout_baseline_r2",
              "train_mse", "train_pearson", "probe_cv_r2", "probe_heldout_r2", "kept_epoch")
 # --quick: the same chain, about a third of the work (fewer tasks, rollouts and PPO iterations).
@@ -216,17 +222,47 @@ def confidence_interval(values: list[float], level: float = 0.95) -> tuple[float
   return float(values.mean() - half), float(values.mean() + half)
 
 
+def paired_t_power(effect: float, sd: float, n: int, level: float = 0.95) -> float:
+  """Power of the two-sided paired t-test at `level` on n seeds whose differences have standard
+  deviation `sd`, when the true mean difference is `effect` (noncentral t)."""
+  if n < 2 or not sd > 0:
+    return float("nan")
+  critical = stats.t.ppf(0.5 + level / 2, n - 1)
+  noncentrality = effect * np.sqrt(n) / sd
+  # the lower tail as the upper tail of -T (scipy 1.17's nct.cdf returns nan far out in its tail, sf does not)
+  return float(stats.nct.sf(critical, n - 1, noncentrality) + stats.nct.sf(critical, n - 1, -noncentrality))
+
+
+def detectable_difference(sd: float, n: int, power: float = 0.8, level: float = 0.95) -> float:
+  """The smallest true mean difference that n seeds detect with `power` (paired t-test at `level`)."""
+  if n < 2 or not sd > 0:
+    return float("nan")
+  return float(optimize.brentq(lambda effect: paired_t_power(effect, sd, n, level) - power, 0.0, 200 * sd))
+
+
+def seeds_needed(effect: float, sd: float, power: float = 0.8, level: float = 0.95, most: int = 10_000) -> int | None:
+  """The fewest seeds whose paired t-test detects a true difference `effect` with `power`, when the per-seed
+  differences have standard deviation `sd` (None beyond `most`)."""
+  if not sd > 0:
+    return None
+  return next((n for n in range(2, most + 1) if paired_t_power(effect, sd, n, level) >= power), None)
+
+
 def paired_difference(seeds: list[dict], a: str, b: str) -> dict[str, dict]:
   """Per-seed a - b (score and success rate) over seeds that evaluated both: mean and 95% CI, and the
   median and the number of seeds where a is above b (one collapsed seed can carry the mean and the
-  CI alone; these two say whether it does)."""
+  CI alone; these two say whether it does); with two seeds or more, what their spread can resolve: the
+  smallest true difference these seeds detect with 80% power (`detectable`) and the seeds that the
+  paper's WebShop gain of SPA over PPO would need at this spread (`paper_gain`, `seeds_for_paper_gain`)."""
   both = [s for s in seeds if a in s["policies"] and b in s["policies"]]
   out = {}
   for metric in ("score", "success_rate"):
     diffs = [s["policies"][a][metric] - s["policies"][b][metric] for s in both]
+    sd = float(np.std(diffs, ddof=1)) if len(diffs) > 1 else float("nan")
     out[metric] = {"per_seed": diffs, "mean": float(np.mean(diffs)) if diffs else float("nan"),
                    "ci95": confidence_interval(diffs), "median": float(np.median(diffs)) if diffs else float("nan"),
-                   "above": sum(d > 0 for d in diffs)}
+                   "above": sum(d > 0 for d in diffs), "detectable": detectable_difference(sd, len(diffs)),
+                   "paper_gain": PAPER_GAIN[metric], "seeds_for_paper_gain": seeds_needed(PAPER_GAIN[metric], sd)}
   return out
 
 
@@ -378,6 +414,16 @@ def reach_lines(summary: dict) -> list[str]:
   return lines
 
 
+def power_note(diff: dict) -> str:
+  """What the seeds' spread resolves: the detectable difference and the seeds the paper's gain would need."""
+  if not np.isfinite(diff["detectable"]):
+    return ""
+  needed = diff["seeds_for_paper_gain"]
+  return (f"; these seeds detect a true difference of {diff['detectable']:.1f} or more (80% power, paired t-test "
+          f"at 5%), the paper's gain of {diff['paper_gain']:+.1f} would need "
+          + (f"{needed} seeds" if needed else "more than 10,000 seeds") + " at this spread")
+
+
 def markdown(seeds: list[dict], summary: dict) -> str:
   n = len(seeds)
   lines = [f"Mean ± sample std over {n} seed(s) ({', '.join(str(s['seed']) for s in seeds)}), 95% CI of the "
@@ -396,7 +442,7 @@ def markdown(seeds: list[dict], summary: dict) -> str:
     lines += [""] + [f"Paired {mode} - sparse, {metric}: mean {d['mean']:+.1f}, 95% CI "
                      + (f"[{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]" if np.isfinite(d["ci95"][0]) else "n/a (one seed)")
                      + f", per seed {', '.join(f'{x:+.1f}' for x in d['per_seed'])}; median {d['median']:+.1f}, "
-                     f"above sparse on {d['above']} of {len(d['per_seed'])} seeds"
+                     f"above sparse on {d['above']} of {len(d['per_seed'])} seeds" + power_note(d)
                      for metric, d in diff.items()]
   lines += reach_lines(summary)
   lines += ["", "Per seed (score): " + "; ".join(

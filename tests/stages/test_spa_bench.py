@@ -141,3 +141,33 @@ def test_the_half_the_iterations_criterion_per_seed_and_pooled_over_seeds():
   lines = "\n".join(spa_bench.reach_lines({"reaches_sparse_final": {"spa_penalty": {"per_seed": per_seed, "pooled": pooled}}}))
   assert "spa_penalty's held-out success rate reaches sparse's final one" in lines
   assert "Pooled over 3 seeds (mean curves at the evaluations all of them reached, iterations [0, 4])" in lines
+
+
+def test_power_analysis_of_the_paired_difference_matches_simulation_and_its_own_inverses():
+  rng = np.random.default_rng(0)
+  sd, n = 4.0, 5
+  effect = spa_bench.detectable_difference(sd, n)
+  assert spa_bench.paired_t_power(effect, sd, n) == pytest.approx(0.8)
+  # the t-test rejects in about 80% of simulated 5-seed experiments at that true difference, 5% at none
+  diffs = rng.normal(effect, sd, size=(20_000, n))
+  rejected = stats.ttest_1samp(diffs, 0.0, axis=1).pvalue < 0.05
+  assert rejected.mean() == pytest.approx(0.8, abs=0.015)
+  null = stats.ttest_1samp(rng.normal(0.0, sd, size=(20_000, n)), 0.0, axis=1).pvalue < 0.05
+  assert null.mean() == pytest.approx(0.05, abs=0.006)
+  assert spa_bench.paired_t_power(0.0, sd, n) == pytest.approx(0.05)
+  # more seeds resolve less; the seeds needed for that difference are these 5 (4 fall short)
+  assert spa_bench.detectable_difference(sd, 20) < effect / 2
+  assert spa_bench.seeds_needed(effect, sd) == n and spa_bench.paired_t_power(effect, sd, n - 1) < 0.8
+  assert spa_bench.seeds_needed(2.0, 4.67) > 30  # the paper's +2 at the spread of 2026-12-07's paired success rates
+  assert spa_bench.seeds_needed(1e-3, sd) is None and np.isnan(spa_bench.detectable_difference(float("nan"), 1))
+
+
+def test_the_table_says_what_the_seeds_can_resolve():
+  seeds = [_seed(i, a, b) for i, (a, b) in enumerate(zip(SPARSE, SPA))]
+  summary = spa_bench.aggregate(seeds)
+  paired = summary["minus_sparse"]["spa"]["success_rate"]
+  sd = np.std(np.array(SPA) - np.array(SPARSE), ddof=1)
+  assert paired["detectable"] == pytest.approx(spa_bench.detectable_difference(sd, 5))
+  assert paired["paper_gain"] == 2.5 and paired["seeds_for_paper_gain"] == spa_bench.seeds_needed(2.5, sd)
+  assert f"these seeds detect a true difference of {paired['detectable']:.1f} or more" in spa_bench.markdown(seeds, summary)
+  assert "detect" not in spa_bench.markdown(seeds[:1], spa_bench.aggregate(seeds[:1]))
