@@ -32,7 +32,8 @@ sample standard deviation and the 95% confidence interval of the mean (Student t
 reference rows for the scripted expert, the first-result and the goes-back policies on the same
 goals (bench/reference_policies.py); the paired per-seed difference SPA - sparse with its 95% CI and
 what the seeds can resolve (the difference they detect with 80% power, the seeds the paper's gain
-would need at their spread: `paired_difference`); with
+would need at their spread, and with the evaluations' per-goal trajectories how much of that spread
+the 200 goals drawn make and how much PPO's seeds: `paired_difference`); with
 held-out curves, for each dense mode and arm, per seed the first iteration at which its held-out
 success rate reaches sparse's final one (as a fraction of sparse's iterations: the "half the
 iterations" criterion), and the same on the mean curves over seeds at the evaluations every run
@@ -57,7 +58,9 @@ import numpy as np
 from scipy import optimize, stats
 
 from results_log import REPO, append_section
+from spa_jax.rollout.trajectory_store import read_trajectories
 from spa_jax.tracking import read_metrics
+from spa_jax.workspace import Workspace
 
 POLICIES = ("sft", "ppo_sparse", "ppo_spa")
 CURVES = ("success_rate", "score")  # train-rollout metrics of each PPO iteration
@@ -127,7 +130,7 @@ def renamed(result: dict, mode: str, name: str) -> dict:
   """`result` (collect's) with run ppo_<mode>'s policy and curves reported as ppo_<name>."""
   def rename(table: dict) -> dict:
     return {(f"ppo_{name}" if key == f"ppo_{mode}" else key): value for key, value in table.items()}
-  return result | {key: rename(result[key]) for key in ("policies", "curves", "eval_curves")}
+  return result | {key: rename(result[key]) for key in ("policies", "curves", "eval_curves", "per_goal") if key in result}
 
 
 def run_ppo_seeds(root: pathlib.Path, upstream_seed: int, seeds: list[int], overrides: dict[str, str],
@@ -169,7 +172,7 @@ def run_ppo_seeds(root: pathlib.Path, upstream_seed: int, seeds: list[int], over
   results, missing = [], []
   for seed in seeds:
     result = {**base, "seed": seed, "policies": dict(base["policies"]), "curves": {}, "eval_curves": {},
-              "wall_s": 0.0, "cpu_s": 0.0}
+              "per_goal": dict(base["per_goal"]), "wall_s": 0.0, "cpu_s": 0.0}
     for name, mode, _ in arms:
       workdir = root / f"seed{seed}_{name}"
       reason = failed.get((seed, name))
@@ -181,11 +184,20 @@ def run_ppo_seeds(root: pathlib.Path, upstream_seed: int, seeds: list[int], over
       result["policies"] |= own["policies"]
       result["curves"] |= own["curves"]
       result["eval_curves"] |= own["eval_curves"]
+      result["per_goal"] |= own["per_goal"]
       if (seed, name) in times:  # not with collect_only: the report then has no time line
         result["wall_s"] = max(result["wall_s"], times[seed, name]["wall_s"])
         result["cpu_s"] += times[seed, name]["cpu_s"]
     results.append(result)
   return results, missing
+
+
+def per_goal(workdir: pathlib.Path, policy: str) -> dict[str, dict[int, float]]:
+  """A policy's final evaluation goal by goal (trajectories/eval_<policy>): score and success (0 or 100) per
+  task id, for the part of a paired difference that the choice of goals explains (`goal_noise`)."""
+  records = read_trajectories(Workspace(workdir), f"eval_{policy}")
+  return {"score": {r["task_id"]: 100.0 * r["final_reward"] for r in records},
+          "success_rate": {r["task_id"]: 100.0 * r["success"] for r in records}}
 
 
 def collect(workdir: pathlib.Path) -> dict:
@@ -201,6 +213,8 @@ def collect(workdir: pathlib.Path) -> dict:
     estimator = json.loads(estimator_done.read_text())["summary"]
     result["estimator"] = {key: estimator.get(key) for key in ESTIMATOR}
     result["progress_plot"] = str(workdir / "plots" / "prm_progress.png")
+  result["per_goal"] = {policy: per_goal(workdir, policy) for policy in result["policies"]
+                        if Workspace(workdir).trajectory_shards(f"eval_{policy}")}
   result["curves"], result["eval_curves"] = {}, {}
   result["held_out_tasks"] = json.loads((workdir / "config.json").read_text())["ppo"]["eval_tasks"]
   for path in sorted((workdir / "metrics").glob("ppo_*.jsonl")):
@@ -248,10 +262,27 @@ def seeds_needed(effect: float, sd: float, power: float = 0.8, level: float = 0.
   return next((n for n in range(2, most + 1) if paired_t_power(effect, sd, n, level) >= power), None)
 
 
+def goal_noise(seeds: list[dict], a: str, b: str, metric: str) -> float:
+  """The variance that evaluating on a finite set of goals adds to one seed's a - b (mean over the seeds
+  with both policies' per-goal results, `per_goal`): var over goals of the per-goal difference / goals.
+  The paired differences' variance over seeds is this plus PPO's own seed-to-seed variance."""
+  variances = []
+  for seed in seeds:
+    outcomes = seed.get("per_goal", {})
+    if a in outcomes and b in outcomes:
+      goals = sorted(outcomes[a][metric].keys() & outcomes[b][metric].keys())
+      diffs = np.array([outcomes[a][metric][g] - outcomes[b][metric][g] for g in goals])
+      if diffs.size > 1:
+        variances.append(diffs.var(ddof=1) / diffs.size)
+  return float(np.mean(variances)) if variances else float("nan")
+
+
 def paired_difference(seeds: list[dict], a: str, b: str) -> dict[str, dict]:
   """Per-seed a - b (score and success rate) over seeds that evaluated both: mean and 95% CI, and the
   median and the number of seeds where a is above b (one collapsed seed can carry the mean and the
-  CI alone; these two say whether it does); with two seeds or more, what their spread can resolve: the
+  CI alone; these two say whether it does); with per-goal results, the part of one seed's difference that
+  comes from the goals drawn (`goal_sd`) and PPO's own seed-to-seed spread (`seed_sd`, the rest of the
+  differences' variance); with two seeds or more, what their spread can resolve: the
   smallest true difference these seeds detect with 80% power (`detectable`) and the seeds that the
   paper's WebShop gain of SPA over PPO would need at this spread (`paper_gain`, `seeds_for_paper_gain`)."""
   both = [s for s in seeds if a in s["policies"] and b in s["policies"]]
@@ -259,7 +290,9 @@ def paired_difference(seeds: list[dict], a: str, b: str) -> dict[str, dict]:
   for metric in ("score", "success_rate"):
     diffs = [s["policies"][a][metric] - s["policies"][b][metric] for s in both]
     sd = float(np.std(diffs, ddof=1)) if len(diffs) > 1 else float("nan")
+    goal_var = goal_noise(both, a, b, metric)
     out[metric] = {"per_seed": diffs, "mean": float(np.mean(diffs)) if diffs else float("nan"),
+                   "goal_sd": float(np.sqrt(goal_var)), "seed_sd": float(np.sqrt(max(sd ** 2 - goal_var, 0.0))),
                    "ci95": confidence_interval(diffs), "median": float(np.median(diffs)) if diffs else float("nan"),
                    "above": sum(d > 0 for d in diffs), "detectable": detectable_difference(sd, len(diffs)),
                    "paper_gain": PAPER_GAIN[metric], "seeds_for_paper_gain": seeds_needed(PAPER_GAIN[metric], sd)}
@@ -415,11 +448,14 @@ def reach_lines(summary: dict) -> list[str]:
 
 
 def power_note(diff: dict) -> str:
-  """What the seeds' spread resolves: the detectable difference and the seeds the paper's gain would need."""
+  """What the seeds' spread resolves: the detectable difference and the seeds the paper's gain would need,
+  and how much of that spread the evaluation goals make."""
   if not np.isfinite(diff["detectable"]):
     return ""
   needed = diff["seeds_for_paper_gain"]
-  return (f"; these seeds detect a true difference of {diff['detectable']:.1f} or more (80% power, paired t-test "
+  split = (f"; of its standard deviation over seeds, the {diff['goal_sd']:.1f} of one evaluation on these goals and "
+           f"{diff['seed_sd']:.1f} from PPO seed to seed" if np.isfinite(diff["goal_sd"]) else "")
+  return split + (f"; these seeds detect a true difference of {diff['detectable']:.1f} or more (80% power, paired t-test "
           f"at 5%), the paper's gain of {diff['paper_gain']:+.1f} would need "
           + (f"{needed} seeds" if needed else "more than 10,000 seeds") + " at this spread")
 

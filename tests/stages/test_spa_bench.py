@@ -171,3 +171,45 @@ def test_the_table_says_what_the_seeds_can_resolve():
   assert paired["paper_gain"] == 2.5 and paired["seeds_for_paper_gain"] == spa_bench.seeds_needed(2.5, sd)
   assert f"these seeds detect a true difference of {paired['detectable']:.1f} or more" in spa_bench.markdown(seeds, summary)
   assert "detect" not in spa_bench.markdown(seeds[:1], spa_bench.aggregate(seeds[:1]))
+
+
+def _per_goal(successes) -> dict:
+  return {"score": {g: 50.0 + 50.0 * s for g, s in enumerate(successes)},
+          "success_rate": {g: 100.0 * s for g, s in enumerate(successes)}}
+
+
+def test_the_paired_spread_splits_into_the_goals_drawn_and_ppo_seed_to_seed():
+  rng = np.random.default_rng(3)
+  # every seed: the same two policies' chances per goal, drawn anew (no PPO seed effect), 200 goals
+  chance_a, chance_b = rng.uniform(0.5, 1.0, 200), rng.uniform(0.5, 1.0, 200)
+  seeds = []
+  for seed in range(40):
+    a, b = rng.random(200) < chance_a, rng.random(200) < chance_b
+    seeds.append({"seed": seed, "eval_tasks": 200, "per_goal": {"ppo_spa": _per_goal(a), "ppo_sparse": _per_goal(b)},
+                  "policies": {"ppo_spa": {"score": 0.0, "success_rate": 100.0 * a.mean()},
+                               "ppo_sparse": {"score": 0.0, "success_rate": 100.0 * b.mean()}}})
+  paired = spa_bench.paired_difference(seeds, "ppo_spa", "ppo_sparse")["success_rate"]
+  # the goals drawn explain the spread: one seed's variance of mean per-goal differences, checked by hand
+  a, b = (np.array(list(seeds[0]["per_goal"][p]["success_rate"].values())) for p in ("ppo_spa", "ppo_sparse"))
+  assert spa_bench.goal_noise(seeds[:1], "ppo_spa", "ppo_sparse", "success_rate") == pytest.approx(
+      np.var(a - b, ddof=1) / 200)
+  assert paired["goal_sd"] == pytest.approx(np.std(paired["per_seed"], ddof=1), rel=0.2)
+  assert paired["seed_sd"] < paired["goal_sd"] / 2
+  # a PPO seed effect of sd 10 points adds to it, and the split finds it
+  shifts = rng.normal(0.0, 10.0, len(seeds))
+  for seed, shift in zip(seeds, shifts):
+    seed["policies"]["ppo_spa"]["success_rate"] += shift
+  shifted = spa_bench.paired_difference(seeds, "ppo_spa", "ppo_sparse")["success_rate"]
+  assert shifted["goal_sd"] == paired["goal_sd"] 
+  assert shifted["seed_sd"] == pytest.approx(np.std(shifts, ddof=1), rel=0.15)
+  assert "of one evaluation on these goals" in spa_bench.power_note(shifted)
+  assert np.isnan(spa_bench.goal_noise([{"policies": {}}], "ppo_spa", "ppo_sparse", "score"))
+
+
+def test_per_goal_reads_the_final_evaluation_and_collect_keeps_it(tmp_path):
+  trajectories = tmp_path / "trajectories"
+  trajectories.mkdir()
+  records = [{"task_id": t, "rollout": 0, "final_reward": r, "success": r == 1.0} for t, r in ((4, 1.0), (2, 0.5))]
+  (trajectories / "eval_ppo_sparse.p0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  assert spa_bench.per_goal(tmp_path, "ppo_sparse") == {"score": {2: 50.0, 4: 100.0},
+                                                        "success_rate": {2: 0.0, 4: 100.0}}
