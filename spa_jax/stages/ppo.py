@@ -329,10 +329,15 @@ def sampler_agreement(batch: dict[str, np.ndarray], old_logp_bt: np.ndarray) -> 
 # ----------------------------------------------------------------------------- one iteration
 
 
+def row_unit(mesh) -> int:
+  """The fewest rows a global batch can hold: one per batch device and per process."""
+  return math.lcm(batch_devices(mesh), distributed.process_count())
+
+
 def scoring_chunk_rows(rows: int, grad_accum: int, mesh) -> int:
   """Rows per scoring chunk: the smallest divisor of `rows` that is at least an update micro-batch
   (rows / grad_accum) and splits over the batch's devices and processes (at most `rows`: one chunk)."""
-  unit = math.lcm(batch_devices(mesh), distributed.process_count())
+  unit = row_unit(mesh)
   return next(d for d in range(max(1, rows // grad_accum), rows + 1) if rows % d == 0 and d % unit == 0)
 
 
@@ -415,15 +420,16 @@ def epoch_mini_batches(ends: np.ndarray, rows: int, rng: np.random.Generator, le
 
 
 def micro_batch_rows(mini_batch_size: int, rows: int, mesh) -> int:
-  """Rows per update micro-batch: ppo.mini_batch_size, raised to the least multiple of the mesh's batch
-  devices (every device holds rows of each micro-batch; the update's sums do not depend on how the
+  """Rows per update micro-batch: ppo.mini_batch_size, raised to the least multiple of `row_unit`
+  (every device and process holds rows of each micro-batch; the update's sums do not depend on how the
   mini-batch is cut). It must divide the mini-batch's `rows`."""
-  devices = batch_devices(mesh)
-  micro = math.lcm(mini_batch_size, devices)
+  unit = row_unit(mesh)
+  micro = math.lcm(mini_batch_size, unit)
   if rows % micro:
     raise ValueError(f"a mini-batch of ppo.mini_batch_size * ppo.grad_accum = {rows} trajectories does not split "
                      f"into micro-batches of {micro} (a multiple of ppo.mini_batch_size={mini_batch_size} and of the "
-                     f"{devices} batch devices): make ppo.grad_accum a multiple of {micro // mini_batch_size}")
+                     f"{unit} rows one global batch needs: a row per batch device and per process): make "
+                     f"ppo.grad_accum a multiple of {micro // mini_batch_size}")
   return micro
 
 
@@ -441,9 +447,8 @@ def update(shared: Shared, step_fn, state: PPOState, batch: dict[str, np.ndarray
   for epoch in range(cfg.ppo.ppo_epochs):
     rng = np.random.default_rng([ppo_seed(cfg), iteration, epoch])
     for index in epoch_mini_batches(ends, rows, rng, cfg.ppo.length_bucket, cfg.ppo.group_by_length):
-      index = index[np.argsort(ends[index], kind="stable")]  # rows of like length share a micro-batch
-      micros = [trim_to_steps({key: batch[key][index[at:at + micro_rows]] for key in keys}, cfg.ppo.length_bucket)
-                for at in range(0, rows, micro_rows)]
+      micros = [trim_to_steps({key: batch[key][index[chunk]] for key in keys}, cfg.ppo.length_bucket)
+                for chunk in length_chunks({"step_end_idx_bs": batch["step_end_idx_bs"][index]}, micro_rows)]
       tokens += sum(micro["tokens_bt"].size for micro in micros)
       with jax.set_mesh(shared.mesh):
         state, metrics = step_fn(state, [to_global_batch(prm.process_rows(micro), shared.mesh) for micro in micros],
