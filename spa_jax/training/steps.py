@@ -237,8 +237,8 @@ class PPOStep:
   policy and its optimizer state are returned as they came).
 
   Needs the layout keys plus `old_logp_bt`, `advantages_bt` (from `ppo_targets`), `returns_bs`
-  and `old_values_bs`. If the mini-batch's mean ratio exceeds `cfg.max_mean_ratio` the state is
-  returned unchanged and metrics["skipped"] is 1.
+  and `old_values_bs`. If the mini-batch's mean ratio exceeds `cfg.max_mean_ratio`, or its gradients
+  are not finite, the state is returned unchanged and metrics["skipped"] is 1.
   """
 
   def __init__(self, state_template: PPOState, cfg: PPOConfig):
@@ -275,7 +275,8 @@ class PPOStep:
       # the critic's update (its global-norm clipping reduces across devices) finishes before the policy's
       # starts: XLA:CPU runs independent collectives of one program concurrently, in different orders on
       # different devices, and on a few cores they deadlock (about 1 update in 10 of tests/training/
-      # sharded_equivalence.py on 8 forced host devices without this; none in 60 with it)
+      # sharded_equivalence.py on 8 forced host devices without this; none in 90 with it:
+      # bench/sharded_stress.sh)
       critic, policy = jax.lax.optimization_barrier((critic, state.policy))
       policy = jax.lax.cond(train_policy, lambda policy: policy.apply_gradients(policy_grads), lambda policy: policy,
                             policy)

@@ -275,3 +275,17 @@ def test_ppo_step_skips_batch_with_large_ratio(ppo_step):
   np.testing.assert_allclose(metrics["ratio"], np.exp(5.0), rtol=1e-4)
   for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state)):
     np.testing.assert_array_equal(a, b)
+
+
+def test_ppo_step_skips_batch_with_non_finite_gradients(ppo_step):
+  state, batch, _ = _ppo_setup()
+  # a NaN advantage on one agent token: the ratio stays finite (no skip by ratio), the gradients do not
+  mask = np.asarray(batch["loss_mask_bt"]) > 0
+  row, col = np.argwhere(mask)[0]
+  batch = batch | {"advantages_bt": batch["advantages_bt"].at[row, col].set(jnp.nan)}
+  before = jax.tree.map(np.array, state)
+  state, metrics = ppo_step(state, batch)
+  assert float(metrics["skipped"]) == 1.0 and np.isfinite(float(metrics["ratio"]))
+  assert not np.isfinite(float(metrics["policy_grad_norm"]))
+  for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state)):
+    np.testing.assert_array_equal(a, b)
