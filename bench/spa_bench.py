@@ -33,7 +33,7 @@ reference rows for the scripted expert, the first-result and the goes-back polic
 goals (bench/reference_policies.py); the paired per-seed difference SPA - sparse with its 95% CI and
 what the seeds can resolve (the difference they detect with 80% power, the seeds the paper's gain
 would need at their spread, and with the evaluations' per-goal trajectories how much of that spread
-the 200 goals drawn make and how much PPO's seeds: `paired_difference`); with
+the evaluation goals drawn make and how much PPO's seeds: `paired_difference`); with
 held-out curves, for each dense mode and arm, per seed the first iteration at which its held-out
 success rate reaches sparse's final one (as a fraction of sparse's iterations: the "half the
 iterations" criterion), and the same on the mean curves over seeds at the evaluations every run
