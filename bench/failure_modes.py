@@ -15,6 +15,10 @@ held-out evaluation (the SFT policy) and each run's last one. Per group:
   went back %                     episodes with a "< Prev" or "Back to Search" click
   success after going back %      of those, the share that succeeded
   opened 2+ products %            episodes that opened more than one product page
+  no purchase %                   episodes that ended without buying (the step cap or the context limit)
+  repeated an action %            episodes that took the same valid action twice in a row (e.g. click[small]
+                                  on a page where small is already selected): the stall that a reward
+                                  paying per valid step (SPA's grounding bonus) makes profitable
 A failure mode that no rollout escapes (the policy never goes back) is one on-policy PPO cannot
 reinforce, with any reward. A second table, over the episodes whose goal names option values ("with
 color: white, and size: 9") and whose first action is a search: the share whose query names every
@@ -62,7 +66,9 @@ def episode_features(record: dict) -> dict[str, bool]:
   return {"success": bool(record["success"]),
           "bought_without_option": invalid_value_click and bool(record["purchased"]) and not record["success"],
           "went_back": any(_clicked(action) in _BACK for action, _ in actions),
-          "opened_two": len(opened) >= 2}
+          "opened_two": len(opened) >= 2,
+          "no_purchase": not record["purchased"],
+          "repeated_action": any(valid and action == previous for (previous, _), (action, valid) in zip(actions, actions[1:]))}
 
 
 def group_summary(records: list[dict]) -> dict[str, float]:
@@ -75,7 +81,9 @@ def group_summary(records: list[dict]) -> dict[str, float]:
           "bought_without_option": share(bought, n),
           "other_failures": share(n - sum(f["success"] for f in flags) - bought, n),
           "went_back": share(len(back), n), "success_after_back": share(sum(f["success"] for f in back), len(back)),
-          "opened_two": share(sum(f["opened_two"] for f in flags), n)}
+          "opened_two": share(sum(f["opened_two"] for f in flags), n),
+          "no_purchase": share(sum(f["no_purchase"] for f in flags), n),
+          "repeated_action": share(sum(f["repeated_action"] for f in flags), n)}
 
 
 def query_names_values(record: dict) -> bool | None:
@@ -158,13 +166,14 @@ def collect(root: pathlib.Path, iterations: int) -> dict[str, dict[str, dict]]:
 
 def table(report: dict[str, dict], kl_coefs: tuple[float, ...] = ()) -> str:
   lines = ["| arm (runs) | episodes | success % | bought without the option % | other failures % | went back % "
-           "| success after going back % | opened 2+ products % |", "|---|---|---|---|---|---|---|---|"]
+           "| success after going back % | opened 2+ products % | no purchase % | repeated an action % |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
   for arm, groups in report.items():
     for group, s in groups.items():
       if group in ("runs", "first search"):
         continue
       cells = [s[key] for key in ("episodes", "success", "bought_without_option", "other_failures", "went_back",
-                                  "success_after_back", "opened_two")]
+                                  "success_after_back", "opened_two", "no_purchase", "repeated_action")]
       lines.append(f"| {arm} ({groups['runs']}): {group} | " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
   lines += ["", "First search, on the goals that name option values: does the query name them all?", "",
             "| arm (runs) | episodes | query names the values % | success % with / without them "

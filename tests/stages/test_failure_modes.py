@@ -27,12 +27,28 @@ INVALID_BEFORE_OPENING = _episode([SEARCH, ("click[natural]", False), ("click[B0
 
 def test_an_invalid_value_click_after_opening_a_product_then_buying_is_the_option_failure():
   assert failure_modes.episode_features(BOUGHT_WITHOUT) == {
-      "success": False, "bought_without_option": True, "went_back": False, "opened_two": False}
+      "success": False, "bought_without_option": True, "went_back": False, "opened_two": False,
+      "no_purchase": False, "repeated_action": False}
   assert failure_modes.episode_features(BACK_THEN_OK) == {
-      "success": True, "bought_without_option": False, "went_back": True, "opened_two": True}
+      "success": True, "bought_without_option": False, "went_back": True, "opened_two": True,
+      "no_purchase": False, "repeated_action": False}
   # a valid (wrong) option and an invalid click before any product page are other failures
   assert not failure_modes.episode_features(WRONG_VALID_OPTION)["bought_without_option"]
   assert not failure_modes.episode_features(INVALID_BEFORE_OPENING)["bought_without_option"]
+
+
+def test_a_stall_repeats_a_valid_action_and_never_buys():
+  stalled = _episode([SEARCH, ("click[B0262LPGH8]", True), ("click[small]", True), ("click[small]", True),
+                      ("click[small]", True)], False, purchased=False)
+  flags = failure_modes.episode_features(stalled)
+  assert flags["no_purchase"] and flags["repeated_action"]
+  # an invalid click repeated is not the stall (it earns no grounding bonus); distinct valid clicks are not either
+  retried = _episode([SEARCH, ("click[B0262LPGH8]", True), ("click[natural]", False), ("click[natural]", False),
+                      ("click[Buy Now]", True)], False)
+  assert not failure_modes.episode_features(retried)["repeated_action"]
+  assert not failure_modes.episode_features(BACK_THEN_OK)["repeated_action"]
+  summary = failure_modes.group_summary([stalled, BACK_THEN_OK])
+  assert summary["no_purchase"] == 50.0 and summary["repeated_action"] == 50.0
 
 
 def test_runs_pool_by_arm_first_and_last_iterations_apart(tmp_path):
@@ -49,9 +65,11 @@ def test_runs_pool_by_arm_first_and_last_iterations_apart(tmp_path):
   assert set(report) == {"sparse", "spa_penalty"} and report["sparse"]["runs"] == 2
   first, last = report["sparse"]["train rollouts, first 1 iterations"], report["sparse"]["train rollouts, last 1 iterations"]
   assert first == {"episodes": 4, "success": 0.0, "bought_without_option": 100.0, "other_failures": 0.0,
-                   "went_back": 0.0, "success_after_back": None, "opened_two": 0.0}
+                   "went_back": 0.0, "success_after_back": None, "opened_two": 0.0, "no_purchase": 0.0,
+                   "repeated_action": 0.0}
   assert last == {"episodes": 4, "success": 50.0, "bought_without_option": 0.0, "other_failures": 50.0,
-                  "went_back": 50.0, "success_after_back": 100.0, "opened_two": 50.0}
+                  "went_back": 50.0, "success_after_back": 100.0, "opened_two": 50.0, "no_purchase": 0.0,
+                  "repeated_action": 0.0}
   assert "| spa_penalty (1): train rollouts, first 1 iterations | 1 | 100.0 |" in failure_modes.table(report)
 
 
