@@ -50,10 +50,13 @@ def sft_section(preset: str) -> ml_collections.ConfigDict:
   if preset == base.SMOLLM2:
     # Full fine-tune of the 135M model on every train goal's demonstration (2 epochs, ~267 steps),
     # AdamW 1e-4 with warm-up + cosine, agent tokens only: the PyTorch peer's recipe
-    # (../shared/bench/smol_peer.py). Its demonstrations are 1.7-2.5k tokens: 512-token buckets make
-    # two compiled step shapes instead of four, for about 5% more padding over ~270 steps.
+    # (../shared/bench/smol_peer.py). Its demonstrations are 1-2.5k tokens: ONE padded length fitted to
+    # the longest (128-token multiples) compiles one step shape; on an H100 the cold SFT job took 63.5 s
+    # against 71.7 s with 512-token buckets' two shapes, and beat the peer's 68.9 s in the same call
+    # (bench/RESULTS.md, sft_peer_bench 2026-12-07 21:26): the compilation saved outweighs the padding.
     cfg.update(dict(epochs=2, batch_size=16, micro_batch_size=4, learning_rate=1e-4, warmup_ratio=0.05,
-                    max_len=4096, length_bucket=512, context_loss_weight=0.0, checkpoint_every=100))
+                    max_len=4096, length_bucket=128, max_padded_lengths=1, context_loss_weight=0.0,
+                    checkpoint_every=100))
   return cfg
 
 
