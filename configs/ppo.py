@@ -58,6 +58,12 @@ def ppo_section(preset: str) -> ml_collections.ConfigDict:
       vf_coef=0.1,
       entropy_coef=0.0,
       max_mean_ratio=10.0,  # skip a batch whose mean ratio exceeds this
+      # KL early stop (SB3's target_kl; released code: none): once a mini-batch's approx KL to the
+      # iteration's sampling policy (mean 0.5 (log r)^2 per token, before its update) exceeds 1.5 x this,
+      # the policy stops updating for the rest of the iteration (the critic goes on). Unset: off. Made
+      # for the single iterations that moved SmolLM2's policy 0.2-0.5 nats per token (median 0.001-0.008)
+      # in about 1 run in 4 at lr 3e-4 (bench/RESULTS.md, 2026-12-07 21:08).
+      target_kl=config_dict.placeholder(float),
       whiten_advantages=True,
       kl=ml_collections.ConfigDict(dict(
           adaptive=True, init_coef=0.3 if real else 0.05, target=6.0, horizon=10000,

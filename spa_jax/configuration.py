@@ -328,6 +328,7 @@ def _ppo_errors(errors: list[str], cfg) -> None:
          f">= 0 and below ppo.iterations={cfg.ppo.iterations} (iterations that train only the critic)")
   _check(errors, cfg, "ppo.eval_tasks", lambda v: v is None or v > 0, "> 0 goals (or unset: eval.max_tasks)")
   _at_least(errors, cfg, "ppo.max_mean_ratio", 1.0)  # the mean ratio is 1 before an update
+  _check(errors, cfg, "ppo.target_kl", lambda v: v is None or v > 0, "> 0 (or unset: no KL early stop)")
   _choice(errors, cfg, "ppo.kl.estimator", KL_ESTIMATORS)
   rows = p.mini_batch_size * p.grad_accum
   if rows >= 1 and p.rollouts_per_iteration % rows:

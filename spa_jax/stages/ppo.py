@@ -21,12 +21,16 @@ Each agent turn is one action (step). Per iteration:
    by length into micro-batches of `mini_batch_size` (`micro_batch_rows`), each micro-batch cut after
    its own last step token (`trim_to_steps`, in `length_bucket` multiples), their gradient sums added:
    clipped policy + clipped value loss (`training.make_ppo_step`; the same update as on the padded
-   mini-batch, on fewer tokens);
+   mini-batch, on fewer tokens). With `ppo.target_kl`, the first mini-batch whose approx KL to the
+   sampling policy exceeds 1.5 x target_kl stops the policy's updates for the rest of the iteration
+   (the critic's go on);
 6. the KL coefficient's controller (fixed or adaptive) sees the batch's mean KL.
 
 Each iteration's metrics (metrics/ppo_<mode>.jsonl) hold the rollout summary, the losses, `kl` (mean KL
 to the reference per trajectory, from the sampled tokens) with `kl_stderr`, the critic's
-`explained_variance`, and, online, `sampler_logp_gap` / `_max`: the mean / max |sampler log-prob -
+`explained_variance`, `policy_updated` (the share of the iteration's mini-batch updates that moved the
+policy: 0 in critic warm-up, below 1 after a skip or the KL early stop), `beyond_kl` (the share beyond
+the early stop's limit), and, online, `sampler_logp_gap` / `_max`: the mean / max |sampler log-prob -
 old-policy log-prob| over the sampled tokens, an invariant (0 up to float noise) that catches a
 sampler running other weights than the policy it is trained as. They also time the phases
 (wall seconds, compilation included: the first iteration compiles): `time_rollout_s` (1, online
@@ -199,7 +203,7 @@ def ppo_step_fn(shared: "Shared", state: PPOState):
     p = shared.cfg.ppo
     shared.step_fn = make_ppo_step(state, PPOConfig(
         clip_eps=p.clip_ratio, value_clip_eps=p.value_clip, vf_coef=p.vf_coef, entropy_coef=p.entropy_coef,
-        max_mean_ratio=p.max_mean_ratio))
+        max_mean_ratio=p.max_mean_ratio, max_update_kl=1.5 * p.target_kl if p.target_kl else math.inf))
   return shared.step_fn
 
 
@@ -436,7 +440,9 @@ def micro_batch_rows(mini_batch_size: int, rows: int, mesh) -> int:
 def update(shared: Shared, step_fn, state: PPOState, batch: dict[str, np.ndarray], iteration: int):
   """`ppo_epochs` passes of shuffled mini-batches (`epoch_mini_batches`, grouped by length with
   ppo.group_by_length), each as micro-batches trimmed to their own steps; returns (state, mean metrics
-  over the updates, with `update_tokens`: the micro-batches' tokens, padding included)."""
+  over the updates, with `update_tokens`: the micro-batches' tokens, padding included). With
+  ppo.target_kl, the first mini-batch beyond its KL limit stops the policy's updates for the rest of the
+  iteration (a host sync per mini-batch: off, the loop never waits for the device)."""
   cfg = shared.cfg
   rows = cfg.ppo.mini_batch_size * cfg.ppo.grad_accum
   micro_rows = micro_batch_rows(cfg.ppo.mini_batch_size, rows, shared.mesh)
@@ -454,6 +460,8 @@ def update(shared: Shared, step_fn, state: PPOState, batch: dict[str, np.ndarray
         state, metrics = step_fn(state, [to_global_batch(prm.process_rows(micro), shared.mesh) for micro in micros],
                                  train_policy)
       history.append(metrics)  # device arrays: no host sync, the next mini-batch is prepared meanwhile
+      if cfg.ppo.target_kl and train_policy and float(metrics["beyond_kl"]):
+        train_policy = np.asarray(False)  # the KL early stop: the critic alone from here
   history = jax.device_get(history)
   return state, {name: float(np.mean([h[name] for h in history])) for name in history[0]} | {
       "update_tokens": tokens}

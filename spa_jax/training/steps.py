@@ -22,6 +22,7 @@ so that no shape compiles mid-loop.
 import concurrent.futures
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
@@ -199,6 +200,9 @@ class PPOConfig:
   vf_coef: float = 0.1
   entropy_coef: float = 0.0
   max_mean_ratio: float = 10.0  # skip the update when the batch's mean ratio exceeds this
+  # Leave the policy as it is when the mini-batch's approx KL (mean 0.5 (log r)^2 over its tokens, at
+  # the current parameters, before this update) exceeds this; the critic still updates. inf: never.
+  max_update_kl: float = math.inf
 
 
 def _ppo_loss_sums(params, micro, *, state: PPOState, cfg: PPOConfig):
@@ -238,7 +242,9 @@ class PPOStep:
 
   Needs the layout keys plus `old_logp_bt`, `advantages_bt` (from `ppo_targets`), `returns_bs`
   and `old_values_bs`. If the mini-batch's mean ratio exceeds `cfg.max_mean_ratio`, or its gradients
-  are not finite, the state is returned unchanged and metrics["skipped"] is 1.
+  are not finite, the state is returned unchanged and metrics["skipped"] is 1. If its approx KL exceeds
+  `cfg.max_update_kl`, only the critic updates and metrics["beyond_kl"] is 1; metrics["policy_updated"]
+  is 1 when the policy's update was applied.
   """
 
   def __init__(self, state_template: PPOState, cfg: PPOConfig):
@@ -269,6 +275,8 @@ class PPOStep:
     means = summarize(metrics)
     policy_norm, critic_norm = optax.tree.norm(policy_grads), optax.tree.norm(critic_grads)
     skipped = (means["ratio"] > self.cfg.max_mean_ratio) | ~jnp.isfinite(policy_norm + critic_norm)
+    beyond_kl = means["approx_kl"] > self.cfg.max_update_kl
+    update_policy = jnp.logical_and(train_policy, ~beyond_kl)
 
     def update(state):
       critic = state.critic.apply_gradients(critic_grads)
@@ -278,12 +286,14 @@ class PPOStep:
       # sharded_equivalence.py on 8 forced host devices without this; none in 90 with it:
       # bench/sharded_stress.sh)
       critic, policy = jax.lax.optimization_barrier((critic, state.policy))
-      policy = jax.lax.cond(train_policy, lambda policy: policy.apply_gradients(policy_grads), lambda policy: policy,
+      policy = jax.lax.cond(update_policy, lambda policy: policy.apply_gradients(policy_grads), lambda policy: policy,
                             policy)
       return PPOState(policy=policy, critic=critic)
     new_state = jax.lax.cond(skipped, lambda state: state, update, state)
     return new_state, means | {
-        "skipped": skipped.astype(jnp.float32), "policy_grad_norm": policy_norm, "critic_grad_norm": critic_norm}
+        "skipped": skipped.astype(jnp.float32), "beyond_kl": beyond_kl.astype(jnp.float32),
+        "policy_updated": jnp.logical_and(update_policy, ~skipped).astype(jnp.float32),
+        "policy_grad_norm": policy_norm, "critic_grad_norm": critic_norm}
 
   def __call__(self, state: PPOState, micro_batches: Batch | list[Batch], train_policy=True):
     micro_batches = [micro_batches] if isinstance(micro_batches, Mapping) else list(micro_batches)

@@ -353,6 +353,35 @@ def test_update_mini_batches_grouped_by_length_cover_every_row_once_with_less_pa
   assert len({frozenset(frozenset(m.tolist()) for m in minis) for minis in epochs}) > 1
 
 
+def test_the_kl_early_stop_leaves_the_policy_alone_for_the_rest_of_the_iteration(tmp_path):
+  """ppo.target_kl: once one mini-batch is beyond 1.5 x target_kl, every later update of the iteration
+  (later epochs included) is the critic's alone; unset, the policy trains on every mini-batch."""
+  rows, seq_len = 32, 16
+  batch = {"tokens_bt": np.ones((rows, seq_len), np.int32), "positions_bt": np.tile(np.arange(seq_len), (rows, 1)),
+           "step_end_idx_bs": np.tile([4, 9], (rows, 1)), "step_mask_bs": np.ones((rows, 2), np.float32)}
+
+  def run(target_kl):
+    cfg = make_config(tmp_path, {"ppo.rollouts_per_iteration": rows, "ppo.mini_batch_size": 8, "ppo.grad_accum": 1,
+                                 "ppo.ppo_epochs": 2, "ppo.length_bucket": 8, "ppo.critic_warmup": 0,
+                                 "ppo.target_kl": target_kl})
+    shared = types.SimpleNamespace(cfg=cfg, mesh=common.make_mesh(cfg))
+    calls = []
+
+    def step_fn(state, micro_batches, train_policy):  # the second update finds the policy beyond the limit
+      calls.append(bool(train_policy))
+      beyond = len(calls) == 2
+      return state, {"beyond_kl": np.float32(beyond), "policy_updated": np.float32(bool(train_policy) and not beyond)}
+
+    _, metrics = ppo.update(shared, step_fn, None, batch, iteration=0)
+    return calls, metrics
+
+  calls, metrics = run(0.01)
+  assert calls == [True, True] + [False] * 6  # 4 mini-batches x 2 epochs
+  assert metrics["policy_updated"] == 1 / 8
+  calls, metrics = run(None)
+  assert calls == [True] * 8 and metrics["policy_updated"] == 7 / 8
+
+
 def test_update_micro_batches_hold_rows_on_every_batch_device():
   mesh = types.SimpleNamespace(shape={"data": 2, "fsdp": 2})  # 4 batch devices
   assert ppo.micro_batch_rows(1, 8, mesh) == 4  # one trajectory per micro-batch is raised to one per device

@@ -1,5 +1,6 @@
 """Jitted update/forward steps on the tiny Llama: SFT, LoRA, progress estimator, PPO."""
 
+import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -275,6 +276,29 @@ def test_ppo_step_skips_batch_with_large_ratio(ppo_step):
   np.testing.assert_allclose(metrics["ratio"], np.exp(5.0), rtol=1e-4)
   for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state)):
     np.testing.assert_array_equal(a, b)
+
+
+def test_ppo_step_beyond_its_kl_limit_updates_the_critic_alone():
+  """max_update_kl: a mini-batch whose approx KL to the sampling policy (at the current parameters)
+  exceeds the limit leaves the policy, its optimizer state included, as it came; the critic updates."""
+  state, batch, _ = _ppo_setup()
+  # old log-probs 0.5 nats below the current policy: approx KL 0.5 * 0.5^2 = 0.125, ratio e^0.5 (no skip)
+  batch = batch | {"old_logp_bt": batch["old_logp_bt"] - 0.5}
+  gated = steps.make_ppo_step(state, dataclasses.replace(PPO_CONFIG, max_update_kl=0.1))
+  before = jax.tree.map(np.array, state)
+  state, metrics = gated(state, batch)
+  np.testing.assert_allclose(metrics["approx_kl"], 0.125, rtol=1e-4)
+  assert float(metrics["beyond_kl"]) == 1.0 and float(metrics["policy_updated"]) == 0.0
+  assert float(metrics["skipped"]) == 0.0
+  for a, b in zip(jax.tree.leaves(before.policy), jax.tree.leaves(state.policy), strict=True):
+    np.testing.assert_array_equal(a, b)
+  assert int(state.critic.step) == 1
+  # under a limit above it, the same mini-batch updates both
+  state, batch, _ = _ppo_setup()
+  batch = batch | {"old_logp_bt": batch["old_logp_bt"] - 0.5}
+  state, metrics = steps.make_ppo_step(state, dataclasses.replace(PPO_CONFIG, max_update_kl=0.2))(state, batch)
+  assert float(metrics["beyond_kl"]) == 0.0 and float(metrics["policy_updated"]) == 1.0
+  assert int(state.policy.step) == 1 and int(state.critic.step) == 1
 
 
 def test_ppo_step_skips_batch_with_non_finite_gradients(ppo_step):
