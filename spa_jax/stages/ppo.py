@@ -88,7 +88,7 @@ from spa_jax.training.global_batch import batch_devices, to_global_batch
 from spa_jax.training.kl import make_kl_controller
 from spa_jax.training.optim import OptimizerConfig, make_optimizer
 from spa_jax.training.ppo_targets import ppo_targets
-from spa_jax.training.rewards import step_rewards
+from spa_jax.training.rewards import purchases_a_stall_outearns, step_rewards
 from spa_jax.training.steps import (PPOConfig, PPOState, forward_logprobs, forward_step_values,
                                     lora_reference, make_ppo_step)
 from spa_jax.training.train_state import TrainState, abstract_train_state, create_train_state, frozen_train_state
@@ -482,9 +482,27 @@ def checkpointer(cfg: ml_collections.ConfigDict, ws: Workspace, mode: str) -> Ch
   return Checkpointer(current / mode, save_every=cfg.ppo.checkpoint_every, keep=cfg.ppo.keep_checkpoints)
 
 
+def stall_warning(cfg: ml_collections.ConfigDict, mode: str) -> str | None:
+  """Why reward mode `mode` may teach a policy to stop buying, or None: the grounding bonus paid per valid
+  step makes an episode that runs to the step cap out-earn a purchase."""
+  if mode not in ("spa", "grounding_only"):
+    return None
+  beta, max_steps = cfg.label.grounding_coef, cfg.env.max_steps
+  last = purchases_a_stall_outearns(beta, max_steps, cfg.label.grounding_form)
+  if not last:
+    return None
+  return (f"ppo {mode}: label.grounding_form=bonus pays label.grounding_coef={beta} per valid step, so an episode "
+          f"of valid actions up to env.max_steps={max_steps} without a purchase earns {beta * max_steps:g}, more "
+          f"than any purchase by step {last} (at most 1 + {beta} k): PPO can learn to stop buying, as 2 of 5 "
+          f"SmolLM2 seeds did at a KL coefficient of 0.03 (bench/RESULTS.md, 2026-12-07 21:08). "
+          f"label.grounding_form=penalty charges invalid steps instead and pays nothing for length")
+
+
 def train_mode(shared: Shared, mode: str) -> dict:
   """PPO from the SFT policy with reward mode `mode`; writes policy ppo_<mode>; returns its summary."""
   cfg, ws = shared.cfg, shared.ws
+  if warning := stall_warning(cfg, mode):
+    logging.warning(warning)
   tx = optimizers(cfg)
   controller = make_kl_controller("adaptive" if cfg.ppo.kl.adaptive else "fixed", init=cfg.ppo.kl.init_coef,
                                   target=cfg.ppo.kl.target, horizon=cfg.ppo.kl.horizon)

@@ -14,6 +14,8 @@ for an invalid one. Both rank the actions available at a step the same way; only
 episode length.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -46,3 +48,15 @@ def step_rewards(mode: str, *, progress_bs: jax.Array, grounding_bs: jax.Array,
   else:
     raise ValueError(f"unknown reward_mode {mode!r}; choose one of {REWARD_MODES}")
   return rewards_bs * step_mask_bs
+
+
+def purchases_a_stall_outearns(grounding_coef: float, max_steps: int, grounding_form: str) -> int:
+  """The last purchase step k that an episode of `max_steps` valid steps without a purchase out-earns
+  under the grounding term alone (0: none). With the "bonus" form each valid step pays beta, so the stall
+  earns beta * max_steps and a purchase at step k at most 1 + beta * k: the stall wins for every
+  k < max_steps - 1 / beta (before the progress terms, whose sum follows the final reward). The
+  "penalty" form pays nothing for valid steps: no stall out-earns a purchase."""
+  if grounding_form != "bonus" or grounding_coef <= 0:
+    return 0
+  return max(0, math.ceil(max_steps - 1.0 / grounding_coef) - 1)
+

@@ -21,6 +21,7 @@ from spa_jax.stages import common, eval as eval_stage, label, ppo, prm
 from spa_jax.rollout.trajectory_store import read_trajectories
 from spa_jax.tracking import peak_memory_gb, read_metrics
 from spa_jax.training.global_batch import to_global_batch
+from spa_jax.training.rewards import purchases_a_stall_outearns, step_rewards
 from spa_jax.workspace import Workspace
 from spa_workspace import make_config, workspace_copy
 
@@ -178,6 +179,33 @@ def test_reward_modes_of_one_batch(tmp_path):
   assert fit["progress_mse"] == pytest.approx((0.5 ** 2 + 0.125 ** 2) / 2)
   assert fit["progress_pearson"] == pytest.approx(1.0) and fit["progress_steps_pearson"] == pytest.approx(1.0)
   assert ppo.progress_fit("sparse", sequences, progress) == ppo.progress_fit("grounding_only", sequences, progress) == {}
+
+
+def test_the_stall_warning_says_what_the_step_rewards_pay(tmp_path):
+  """purchases_a_stall_outearns against training.rewards.step_rewards itself: an episode of valid steps up to
+  the cap without a purchase (R = 0) out-earns a purchase (R = 1) at step k exactly for k up to its answer;
+  the penalty form never pays a stall more. The stage warns for the modes with a grounding bonus only."""
+  def episode_return(steps: int, final_reward: float, beta: float, form: str) -> float:
+    mask = np.zeros((1, 16), np.float32)
+    mask[0, :steps] = 1.0
+    rewards = step_rewards("grounding_only", progress_bs=np.zeros_like(mask), grounding_bs=mask, step_mask_bs=mask,
+                           final_reward_b=np.array([final_reward], np.float32), alpha=1.0, beta=beta,
+                           grounding_form=form)
+    return float(np.sum(rewards))
+
+  for beta, max_steps, expected in ((0.5, 10, 7), (0.25, 12, 7), (0.125, 10, 1), (0.25, 4, 0)):
+    last = purchases_a_stall_outearns(beta, max_steps, "bonus")
+    assert last == expected
+    stall = episode_return(max_steps, 0.0, beta, "bonus")
+    assert [stall > episode_return(k, 1.0, beta, "bonus") for k in range(1, max_steps + 1)] == [
+        k <= last for k in range(1, max_steps + 1)]
+    assert purchases_a_stall_outearns(beta, max_steps, "penalty") == 0
+    assert episode_return(max_steps, 0.0, beta, "penalty") < episode_return(max_steps, 1.0, beta, "penalty")
+  cfg = make_config(tmp_path, {"env.max_steps": 10, "label.grounding_coef": 0.5})
+  assert "more than any purchase by step 7" in ppo.stall_warning(cfg, "spa")
+  assert ppo.stall_warning(cfg, "grounding_only") and ppo.stall_warning(cfg, "sparse") is None
+  cfg.label.grounding_form = "penalty"
+  assert ppo.stall_warning(cfg, "spa") is None
 
 
 def _perturbed_lora(policy, scale: float, seed: int):
