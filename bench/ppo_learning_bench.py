@@ -11,7 +11,9 @@ and `--modes` (default grounding_only,sparse: rewards
 the tiny default can learn quickly; neither needs the progress estimator), then reads
 metrics/ppo_<mode>.jsonl. Per iteration: train-rollout score, grounding %, purchase %, the mode's
 task return, KL to the reference (nats per trajectory, with its standard error), clip fraction,
-value loss, the critic's explained variance and the sampler/old-policy log-prob gap.
+the update's approx KL (mean 0.5 (log r)^2 per token over its mini-batches) and the share of them that
+moved the policy (below 1 after ppo.target_kl's early stop), value loss, the critic's explained variance
+and the sampler/old-policy log-prob gap.
 
 Goals (issue 14): grounding_only raises train grounding by >= 15 points over its iteration-1 level and
 keeps it there (mean of the last 5 iterations, and their minimum above iteration 1 + 10); sparse
@@ -40,8 +42,8 @@ from scipy import stats  # noqa: E402
 from results_log import REPO, append_section  # noqa: E402
 from spa_jax.tracking import read_metrics  # noqa: E402
 
-CURVES = ("score", "grounding", "purchase_rate", "task_return", "kl", "clip_frac", "value_loss",
-          "explained_variance", "sampler_logp_gap_max")
+CURVES = ("score", "grounding", "purchase_rate", "task_return", "kl", "clip_frac", "approx_kl", "policy_updated",
+          "value_loss", "explained_variance", "sampler_logp_gap_max")
 LAST = 5  # iterations averaged for "kept there"
 # The setting in which grounding_only met its goal on 2 CPU cores (bench/RESULTS.md, 2026-12-03 21:01):
 # full fine-tuning, the critic at half the policy's LR, rollout batches large enough to beat the
@@ -92,12 +94,13 @@ def table(all_curves: dict[str, dict], all_goals: dict[str, dict]) -> str:
   lines = []
   for mode, c in all_curves.items():
     lines += [f"**{mode}** (train rollouts of each iteration)", "",
-              "| it | score | grounding % | purchase % | task return | KL (± se) | clip frac | value loss | "
-              "expl. var | sampler gap |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "| it | score | grounding % | purchase % | task return | KL (± se) | clip frac | approx KL "
+              "| policy updated | value loss | expl. var | sampler gap |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i in range(c["step"].size):
       lines.append(f"| {int(c['step'][i])} | {c['score'][i]:.1f} | {c['grounding'][i]:.1f} | "
                    f"{c['purchase_rate'][i]:.1f} | {c['task_return'][i]:.3f} | {c['kl'][i]:.2f} ± "
-                   f"{c['kl_stderr'][i]:.2f} | {c['clip_frac'][i]:.3f} | {c['value_loss'][i]:.4f} | "
+                   f"{c['kl_stderr'][i]:.2f} | {c['clip_frac'][i]:.3f} | {c['approx_kl'][i]:.4f} | "
+                   f"{c['policy_updated'][i]:.2f} | {c['value_loss'][i]:.4f} | "
                    f"{c['explained_variance'][i]:.2f} | {c['sampler_logp_gap_max'][i]:.1e} |")
     slope, low, high = score_trend(c)
     lines += ["", f"Train score: first 5 iterations {np.mean(c['score'][:LAST]):.1f}, last 5 "
