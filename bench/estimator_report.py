@@ -13,7 +13,9 @@ Reports:
   numbers of steps and of ungrounded steps fit on the train trajectories (`prm.counting_baseline_r2`),
   and, over all exploration trajectories, the Pearson correlation of the number of ungrounded actions
   with the final reward and the mean reward per count;
-- per reward mode, the advantages of PPO's first update on the held-out trajectories: `ppo_targets`
+- per reward mode and grounding form (`spa`, `grounding_only`: the paper's bonus; `spa_penalty`,
+  `grounding_only_penalty`: the penalty form), the advantages of PPO's first update on the held-out
+  trajectories: `ppo_targets`
   (GAE over steps, whitened over action tokens) with the critic at 0 and the policy equal to its
   reference (so KL 0), which is what the first iteration computes when its critic head starts at 0:
   mean advantage at each trajectory's first and last step, and the share of last steps below 0.
@@ -34,15 +36,30 @@ from spa_jax import configuration
 from spa_jax.rollout.trajectory_store import read_trajectories
 from spa_jax.stages import common, label, ppo, prm
 from spa_jax.training import ppo_targets
-from spa_jax.training.rewards import REWARD_MODES
+from spa_jax.training.rewards import GROUNDING_FORMS, REWARD_MODES
 from spa_jax.workspace import Workspace
 
 
-def first_update_advantages(cfg, sequences, progress) -> dict[str, dict[str, float]]:
-  """Per reward mode: mean whitened advantage at the first and the last step, share of last steps < 0."""
-  out = {}
+def reward_variants(cfg: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
+  """Each reward mode under each grounding form, named as spa_bench's arms: `spa` and `grounding_only` are
+  the bonus form (the paper's), `spa_penalty` and `grounding_only_penalty` the penalty form; `sparse` has
+  no grounding term."""
+  variants = {}
   for mode in REWARD_MODES:
-    batch = ppo.reward_batch(cfg, mode, sequences, progress, pad_id=0, rows=len(sequences))
+    for form in (GROUNDING_FORMS if mode != "sparse" else ("bonus",)):
+      variant = cfg.copy_and_resolve_references()
+      variant.label.grounding_form = form
+      variants[mode if form == "bonus" else f"{mode}_{form}"] = variant
+  return variants
+
+
+def first_update_advantages(cfg, sequences, progress) -> dict[str, dict[str, float]]:
+  """Per reward variant (`reward_variants`): mean whitened advantage at the first and the last step, share
+  of last steps < 0."""
+  out = {}
+  for name, variant in reward_variants(cfg).items():
+    mode = name.removesuffix("_penalty")
+    batch = ppo.reward_batch(variant, mode, sequences, progress, pad_id=0, rows=len(sequences))
     rewards_bs = jnp.asarray(batch["task_rewards_bs"])
     zeros_bt = jnp.zeros(batch["tokens_bt"].shape, jnp.float32)
     targets = ppo_targets({key: jnp.asarray(value) for key, value in batch.items()}, old_logp_bt=zeros_bt,
@@ -53,7 +70,7 @@ def first_update_advantages(cfg, sequences, progress) -> dict[str, dict[str, flo
     per_step = [[advantages_bt[row][step_id_bt[row] == step][0] for step in range(s.num_steps)]
                 for row, s in enumerate(sequences)]
     last = np.array([steps[-1] for steps in per_step])
-    out[mode] = {"first_step": float(np.mean([steps[0] for steps in per_step])), "last_step": float(last.mean()),
+    out[name] = {"first_step": float(np.mean([steps[0] for steps in per_step])), "last_step": float(last.mean()),
                  "last_step_negative_share": float(np.mean(last < 0))}
   return out
 
@@ -101,7 +118,7 @@ def markdown(result: dict) -> str:
            f"{result['ungrounded_reward_pearson']:.3f}; " + ", ".join(
                f"{k}: {n} trajectories, mean reward {r:.2f}" for k, (n, r) in result["reward_by_ungrounded"].items()),
            "", "PPO's first update on the held-out trajectories (critic at 0, KL 0; whitened over action tokens):", "",
-           "| reward mode | mean advantage, first step | mean advantage, last step | last steps below 0 |",
+           "| reward | mean advantage, first step | mean advantage, last step | last steps below 0 |",
            "|---|---|---|---|"]
   lines += [f"| {mode} | {a['first_step']:+.2f} | {a['last_step']:+.2f} | {100 * a['last_step_negative_share']:.0f}% |"
             for mode, a in result["first_update"].items()]

@@ -32,7 +32,11 @@ def test_estimator_report_recomputes_the_stage_figures(tmp_path_factory, tmp_pat
   # sparse: only the held-out purchase earns a reward, so after whitening the other two trajectories'
   # last steps are below 0 and the purchase's is above
   assert result["first_update"]["sparse"]["last_step_negative_share"] == pytest.approx(2 / 3)
-  assert set(result["first_update"]) == {"spa", "sparse", "grounding_only"}
+  assert set(result["first_update"]) == {"spa", "spa_penalty", "sparse", "grounding_only", "grounding_only_penalty"}
+  # the penalty form differs from the bonus by a constant per step (beta), which GAE turns into a
+  # return-to-go that shrinks toward the last step: the bonus form's last steps sit lower
+  bonus, penalty = result["first_update"]["grounding_only"], result["first_update"]["grounding_only_penalty"]
+  assert bonus["last_step"] < penalty["last_step"] and bonus["first_step"] > penalty["first_step"]
   prm_summary = ws.done_record("prm")["summary"]
   assert result["probe"]["probe_heldout_r2"] == prm_summary["probe_heldout_r2"]
   assert f"held-out R^2 {prm_summary['probe_heldout_r2']:.3f}." in estimator_report.markdown(result)
