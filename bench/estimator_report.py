@@ -40,16 +40,16 @@ from spa_jax.training.rewards import GROUNDING_FORMS, REWARD_MODES
 from spa_jax.workspace import Workspace
 
 
-def reward_variants(cfg: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
-  """Each reward mode under each grounding form, named as spa_bench's arms: `spa` and `grounding_only` are
-  the bonus form (the paper's), `spa_penalty` and `grounding_only_penalty` the penalty form; `sparse` has
-  no grounding term."""
+def reward_variants(cfg: ml_collections.ConfigDict) -> dict[str, tuple[str, ml_collections.ConfigDict]]:
+  """{name: (reward mode, config)} for each reward mode under each grounding form, named as spa_bench's
+  arms: `spa` and `grounding_only` are the bonus form (the paper's), `spa_penalty` and
+  `grounding_only_penalty` the penalty form; `sparse` has no grounding term."""
   variants = {}
   for mode in REWARD_MODES:
     for form in (GROUNDING_FORMS if mode != "sparse" else ("bonus",)):
       variant = cfg.copy_and_resolve_references()
       variant.label.grounding_form = form
-      variants[mode if form == "bonus" else f"{mode}_{form}"] = variant
+      variants[mode if form == "bonus" else f"{mode}_{form}"] = (mode, variant)
   return variants
 
 
@@ -57,8 +57,7 @@ def first_update_advantages(cfg, sequences, progress) -> dict[str, dict[str, flo
   """Per reward variant (`reward_variants`): mean whitened advantage at the first and the last step, share
   of last steps < 0."""
   out = {}
-  for name, variant in reward_variants(cfg).items():
-    mode = name.removesuffix("_penalty")
+  for name, (mode, variant) in reward_variants(cfg).items():
     batch = ppo.reward_batch(variant, mode, sequences, progress, pad_id=0, rows=len(sequences))
     rewards_bs = jnp.asarray(batch["task_rewards_bs"])
     zeros_bt = jnp.zeros(batch["tokens_bt"].shape, jnp.float32)

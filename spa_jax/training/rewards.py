@@ -59,4 +59,3 @@ def purchases_a_stall_outearns(grounding_coef: float, max_steps: int, grounding_
   if grounding_form != "bonus" or grounding_coef <= 0:
     return 0
   return max(0, math.ceil(max_steps - 1.0 / grounding_coef) - 1)
-
