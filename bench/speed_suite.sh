@@ -16,7 +16,7 @@
 # default 2048) and ENVS (default 256 where 125 GB are usable, else 128): 256 rows of 2,048 slots are
 # 59 GB of bf16 cache, and a 512-token prefill chunk's dense attention holds float32 logits of
 # rows x 24 heads x 512 x slots (26 GB), so 4,096 slots at 256 rows do not fit an H200;
-# ITERATIONS (default 4); PPO_ATTENTION (default dense); MEM_FRACTION (default 0.92 of the GPU memory
+# TOKENS (new tokens per turn of the rollout step, default "64 32 128"); ITERATIONS (default 4); PPO_ATTENTION (default dense); MEM_FRACTION (default 0.92 of the GPU memory
 # for each process). The benchmarks do not append to bench/RESULTS.md here (--no-results): copy their
 # tables there with the commit.
 set -uo pipefail
@@ -25,7 +25,7 @@ PPO_ATTENTION=${PPO_ATTENTION:-dense}
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${MEM_FRACTION:-0.92}
 if [ "${QUICK:-0}" = 1 ]; then
   DECODE=(--quick) ROLLOUT=(--num-envs 8 --episodes-per-env 1 --max-steps 3 --max-context 2048 --ceiling-prompt 128)
-  PPO=(--quick --iterations "$ITERATIONS") TOKENS="16"
+  PPO=(--quick --iterations "$ITERATIONS") TOKENS=${TOKENS:-16}
 else
   if [ -z "${ENVS:-}" ]; then
     GB=$(python3 -c "import jax; print(int((jax.devices()[0].memory_stats() or {}).get('bytes_limit', 0) / 1e9))") || exit 1
@@ -34,7 +34,7 @@ else
   echo "envs $ENVS, cache slots $CACHE" >&2
   DECODE=(--decode-batches "64,$ENVS" --decode-slots "0,$CACHE")
   ROLLOUT=(--preset llama3.2-3b --num-envs "$ENVS" --episodes-per-env 1 --max-steps 10 --max-context "$CACHE" --workers 8)
-  PPO=(--num-envs 64 --iterations "$ITERATIONS" --workers 8) TOKENS="64 32 128"
+  PPO=(--num-envs 64 --iterations "$ITERATIONS" --workers 8) TOKENS=${TOKENS:-64 32 128}
 fi
 mkdir -p "$ROOT"
 publish() { [ -n "${OUT:-}" ] && cp "$ROOT"/*.json "$ROOT"/*.log "$OUT"/ 2>/dev/null; true; }
