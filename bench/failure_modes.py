@@ -19,6 +19,10 @@ held-out evaluation (the SFT policy) and each run's last one. Per group:
   repeated an action %            episodes that took the same valid action twice in a row (e.g. click[small]
                                   on a page where small is already selected): the stall that a reward
                                   paying per valid step (SPA's grounding bonus) makes profitable
+  picked the top result %         of the episodes that opened a product from a results page, the share whose
+                                  first pick was the page's first listing
+  over budget past one under it % of those, the share whose first pick's listed price was at or above the
+                                  instruction's limit while the same page listed a product under it
 A failure mode that no rollout escapes (the policy never goes back) is one on-policy PPO cannot
 reinforce, with any reward. A second table, over the episodes whose goal names option values ("with
 color: white, and size: 9") and whose first action is a search: the share whose query names every
@@ -29,7 +33,12 @@ between the two is large. How far PPO with a KL penalty can pull that share: tre
 one decision with the score gap g between its two outcomes (reward units) and the sampling share p0
 as the reference policy's, the optimum of E[R] - beta * KL(pi || ref) is the share
 p0 * exp(g / beta) / (p0 * exp(g / beta) + 1 - p0), given per row for each --kl-coefs beta (an
-approximation: goals differ in p0 and g, and later steps are held fixed). Appends a section to bench/RESULTS.md (unless --no-results) and ends with
+approximation: goals differ in p0 and g, and later steps are held fixed). A third table, from the
+final greedy evaluations on the test goals (trajectories/eval_*.jsonl: the upstream workspace's SFT
+policy, each seed<k>_<arm> workspace's PPO policy): of the goals the SFT policy failed, how many every
+run, some runs or no run of an arm fixed, and why the episodes on the goals no run fixed fell short
+(the WebShop reward terms below 1: type, att(ributes), option, price; or no purchase); of the goals SFT
+solved, how many at least one run and every run lost. Appends a section to bench/RESULTS.md (unless --no-results) and ends with
 ONE JSON line on stdout.
 """
 
@@ -48,12 +57,43 @@ _CLICK = re.compile(r"^click\[(.*)\]$", re.IGNORECASE)
 _BACK = ("< prev", "back to search")
 _SEARCH = re.compile(r"^search\[(.*)\]$", re.IGNORECASE)
 _RUN_FILE = re.compile(r"^ppo_(?P<mode>.+)_(?P<kind>it|eval)(?P<index>\d+)\.p\d+\.jsonl$")
+_ASIN = re.compile(r"^b0[0-9a-z]{8}$", re.IGNORECASE)
+_BUDGET = re.compile(r"price lower than ([0-9.]+) dollars", re.IGNORECASE)
+_PRICE = re.compile(r"^\$([0-9.,]+)")
+_SHORTFALLS = ("r_type", "r_att", "r_option", "r_price")
 
 
 def _clicked(action: str) -> str:
   """What a click action names, lower-cased ("" for other actions)."""
   match = _CLICK.match(action.strip())
   return match[1].strip().lower() if match else ""
+
+
+def listed_products(observation: str) -> list[tuple[str, float | None]]:
+  """(asin, lowest listed price) of each product a results page lists, in order ([] for other pages)."""
+  segments = [segment.strip() for segment in observation.split("[SEP]")]
+  listed = []
+  for i, segment in enumerate(segments):
+    if _ASIN.match(segment):
+      price = _PRICE.match(segments[i + 2]) if i + 2 < len(segments) else None
+      listed.append((segment.lower(), float(price[1].replace(",", "")) if price else None))
+  return listed
+
+
+def first_pick(record: dict) -> dict[str, bool] | None:
+  """Whether the episode's first product opened from a results page was the top listing, and whether it
+  was over the instruction's budget while the page listed one under it (None: no such pick)."""
+  budget = _BUDGET.search(record["instruction"])
+  for step in record["steps"]:
+    action = (step.get("parsed_action") or "").strip()
+    listed = listed_products(step.get("observation") or "")
+    if step.get("valid") and _PRODUCT_CLICK.match(action) and listed:
+      asin = _clicked(action)
+      prices = dict(listed)
+      over = (budget is not None and prices.get(asin) is not None and prices[asin] >= float(budget[1])
+              and any(price is not None and price < float(budget[1]) for _, price in listed))
+      return {"top": asin == listed[0][0], "over_budget": over}
+  return None
 
 
 def episode_features(record: dict) -> dict[str, bool]:
@@ -83,7 +123,14 @@ def group_summary(records: list[dict]) -> dict[str, float]:
           "went_back": share(len(back), n), "success_after_back": share(sum(f["success"] for f in back), len(back)),
           "opened_two": share(sum(f["opened_two"] for f in flags), n),
           "no_purchase": share(sum(f["no_purchase"] for f in flags), n),
-          "repeated_action": share(sum(f["repeated_action"] for f in flags), n)}
+          "repeated_action": share(sum(f["repeated_action"] for f in flags), n),
+          **pick_summary(records)}
+
+
+def pick_summary(records: list[dict]) -> dict[str, float | None]:
+  picks = [pick for pick in map(first_pick, records) if pick is not None]
+  share = lambda key: round(100.0 * sum(pick[key] for pick in picks) / len(picks), 1) if picks else None
+  return {"picked_top": share("top"), "over_budget": share("over_budget")}
 
 
 def query_names_values(record: dict) -> bool | None:
@@ -111,6 +158,49 @@ def query_summary(records: list[dict]) -> dict[str, float]:
     summary[f"success_{key}"] = mean([100.0 * bool(r["success"]) for r in group])
     summary[f"score_{key}"] = mean([100.0 * r["final_reward"] for r in group])
   return summary
+
+
+def shortfall(record: dict) -> str:
+  """Why an episode fell short of reward 1.0: "no purchase", or the WebShop reward terms below 1."""
+  info = record.get("reward_info")
+  if not record["purchased"] or not info:
+    return "no purchase"
+  return "+".join(key[2:] for key in _SHORTFALLS if key in info and float(info[key]) < 1) or "other"
+
+
+def final_evaluations(workspace: pathlib.Path) -> dict[int, dict]:
+  """{task_id: record} of a workspace's final greedy evaluation (trajectories/eval_*.jsonl), {} if none."""
+  return {record["task_id"]: record for record in read_records(sorted((workspace / "trajectories").glob("eval_*.jsonl")))}
+
+
+def goal_outcomes(reference: dict[int, dict], runs: list[dict[int, dict]]) -> dict:
+  """Per-goal fate of the reference (SFT) policy's failures and successes under `runs` (PPO policies)."""
+  for run in runs:
+    if set(run) != set(reference):
+      raise SystemExit(f"a final evaluation covers {len(run)} goals, the SFT policy's {len(reference)}: "
+                       "compare evaluations of the same test goals (eval.max_tasks)")
+  fixes = {task: sum(bool(run[task]["success"]) for run in runs) for task, r in reference.items() if not r["success"]}
+  never = [task for task, count in fixes.items() if count == 0]
+  losses = [sum(not run[task]["success"] for run in runs) for task, r in reference.items() if r["success"]]
+  counts = lambda records: dict(collections.Counter(map(shortfall, records)).most_common())
+  return {"runs": len(runs), "sft_failed": len(fixes), "fixed_by_every_run": sum(c == len(runs) for c in fixes.values()),
+          "fixed_by_some_runs": sum(0 < c < len(runs) for c in fixes.values()), "fixed_by_no_run": len(never),
+          "never_fixed_sft_shortfall": counts(reference[task] for task in never),
+          "never_fixed_runs_shortfall": counts(run[task] for task in never for run in runs),
+          "sft_solved": len(losses), "lost_by_some_run": sum(c > 0 for c in losses),
+          "lost_by_every_run": sum(c == len(runs) for c in losses)}
+
+
+def collect_goals(root: pathlib.Path) -> dict[str, dict]:
+  """{arm: goal_outcomes} of the seed<k>_<arm> workspaces' final evaluations against upstream's ({} if the
+  upstream workspace has none)."""
+  reference = final_evaluations(root / "upstream")
+  arms = collections.defaultdict(list)
+  for workspace in sorted(root.glob("seed*_*")):
+    evaluation = final_evaluations(workspace) if workspace.is_dir() else {}
+    if evaluation:
+      arms[arm_of(workspace, "")].append(evaluation)
+  return {arm: goal_outcomes(reference, runs) for arm, runs in arms.items()} if reference else {}
 
 
 def regularised_share(p0: float, gap: float, kl_coef: float) -> float:
@@ -166,14 +256,16 @@ def collect(root: pathlib.Path, iterations: int) -> dict[str, dict[str, dict]]:
 
 def table(report: dict[str, dict], kl_coefs: tuple[float, ...] = ()) -> str:
   lines = ["| arm (runs) | episodes | success % | bought without the option % | other failures % | went back % "
-           "| success after going back % | opened 2+ products % | no purchase % | repeated an action % |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "| success after going back % | opened 2+ products % | no purchase % | repeated an action % "
+           "| picked the top result % | over budget past one under it % |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for arm, groups in report.items():
     for group, s in groups.items():
       if group in ("runs", "first search"):
         continue
       cells = [s[key] for key in ("episodes", "success", "bought_without_option", "other_failures", "went_back",
-                                  "success_after_back", "opened_two", "no_purchase", "repeated_action")]
+                                  "success_after_back", "opened_two", "no_purchase", "repeated_action",
+                                  "picked_top", "over_budget")]
       lines.append(f"| {arm} ({groups['runs']}): {group} | " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
   lines += ["", "First search, on the goals that name option values: does the query name them all?", "",
             "| arm (runs) | episodes | query names the values % | success % with / without them "
@@ -191,6 +283,21 @@ def table(report: dict[str, dict], kl_coefs: tuple[float, ...] = ()) -> str:
   return "\n".join(lines)
 
 
+def goals_table(goals: dict[str, dict]) -> str:
+  if not goals:
+    return ""
+  shortfalls = lambda counts: ", ".join(f"{reason} {count}" for reason, count in counts.items()) or "-"
+  lines = ["", "", "Final greedy evaluations, goal by goal, against the SFT policy's (upstream):", "",
+           "| arm (runs) | goals SFT failed | fixed by every run / some / none | SFT's shortfall on the never-fixed "
+           "| the runs' shortfalls there | goals SFT solved | lost by some run / every run |",
+           "|---|---|---|---|---|---|---|"]
+  lines += [f"| {arm} ({g['runs']}) | {g['sft_failed']} | {g['fixed_by_every_run']} / {g['fixed_by_some_runs']} / "
+            f"{g['fixed_by_no_run']} | {shortfalls(g['never_fixed_sft_shortfall'])} | "
+            f"{shortfalls(g['never_fixed_runs_shortfall'])} | {g['sft_solved']} | {g['lost_by_some_run']} / "
+            f"{g['lost_by_every_run']} |" for arm, g in goals.items()]
+  return "\n".join(lines)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--root", required=True, type=pathlib.Path)
@@ -201,8 +308,10 @@ def main() -> None:
   parser.add_argument("--no-results", action="store_true")
   args = parser.parse_args()
   report = collect(args.root, args.iterations)
+  goals = collect_goals(args.root)
   kl_coefs = tuple(float(b) for b in args.kl_coefs.split(",") if b.strip())
-  results_log.publish(f"failure_modes{': ' + args.title if args.title else ''}", table(report, kl_coefs), report,
+  results_log.publish(f"failure_modes{': ' + args.title if args.title else ''}",
+                      table(report, kl_coefs) + goals_table(goals), {**report, "goals": goals},
                       results=not args.no_results)
 
 

@@ -66,10 +66,10 @@ def test_runs_pool_by_arm_first_and_last_iterations_apart(tmp_path):
   first, last = report["sparse"]["train rollouts, first 1 iterations"], report["sparse"]["train rollouts, last 1 iterations"]
   assert first == {"episodes": 4, "success": 0.0, "bought_without_option": 100.0, "other_failures": 0.0,
                    "went_back": 0.0, "success_after_back": None, "opened_two": 0.0, "no_purchase": 0.0,
-                   "repeated_action": 0.0}
+                   "repeated_action": 0.0, "picked_top": None, "over_budget": None}
   assert last == {"episodes": 4, "success": 50.0, "bought_without_option": 0.0, "other_failures": 50.0,
                   "went_back": 50.0, "success_after_back": 100.0, "opened_two": 50.0, "no_purchase": 0.0,
-                  "repeated_action": 0.0}
+                  "repeated_action": 0.0, "picked_top": None, "over_budget": None}
   assert "| spa_penalty (1): train rollouts, first 1 iterations | 1 | 100.0 |" in failure_modes.table(report)
 
 
@@ -108,3 +108,53 @@ def test_the_kl_regularised_share_tilts_the_reference_by_the_exponentiated_gain(
   report = {"sparse": {"runs": 1, "first search": {"g": {"episodes": 10, "names_values": 50.0, "success_named": 80.0,
                                                         "success_plain": 40.0, "score_named": 100.0, "score_plain": 70.0}}}}
   assert "| sparse (1): g | 10 | 50.0 | 80.0 / 40.0 | 100.0 / 70.0 | 73.1 |" in failure_modes.table(report, (0.3,))
+
+
+RESULTS_PAGE = ("Observation:\nInstruction: [SEP] i want storage baskets, and price lower than 50.00 dollars [SEP] "
+                "Back to Search [SEP] Page 1 (Total results: 50) [SEP] Next > [SEP] B0262LPGH8 [SEP] Wicker Basket "
+                "[SEP] $67.47 [SEP] B07AU9CBG2 [SEP] Rope Basket [SEP] $24.99 to $43.99 [SEP] B0HAEFFM7S [SEP] Tote [SEP] $1,020.00")
+
+
+def _picked(asin: str, success: bool = False) -> dict:
+  episode = _episode([SEARCH, (f"click[{asin}]", True), ("click[Buy Now]", True)], success)
+  episode["steps"][1]["observation"] = RESULTS_PAGE
+  return episode
+
+
+def test_the_first_pick_from_a_results_page_is_checked_against_the_listing_and_the_budget():
+  assert failure_modes.listed_products(RESULTS_PAGE) == [("b0262lpgh8", 67.47), ("b07au9cbg2", 24.99), ("b0haeffm7s", 1020.0)]
+  assert failure_modes.listed_products("Observation:\nInstruction: [SEP] x [SEP] Buy Now") == []
+  # the top listing at $67.47 while $24.99 was listed: over the $50 budget past one under it
+  assert failure_modes.first_pick(_picked("B0262LPGH8")) == {"top": True, "over_budget": True}
+  assert failure_modes.first_pick(_picked("B07AU9CBG2")) == {"top": False, "over_budget": False}
+  assert failure_modes.first_pick(_episode([SEARCH], False, purchased=False)) is None
+  summary = failure_modes.group_summary([_picked("B0262LPGH8"), _picked("B07AU9CBG2", True), _episode([SEARCH], False, False)])
+  assert summary["picked_top"] == 50.0 and summary["over_budget"] == 50.0
+
+
+def _evaluated(task: int, success: bool, **terms) -> dict:
+  info = {"r_type": 1.0, "r_att": 1.0, "r_option": 1.0, "r_price": True, **terms}
+  return {"task_id": task, "success": success, "purchased": bool(terms) or success, "reward_info": info if (terms or success) else None}
+
+
+def test_goal_outcomes_follow_each_sft_failure_and_success_through_the_runs(tmp_path):
+  sft = {0: _evaluated(0, False, r_price=False), 1: _evaluated(1, False, r_option=0.0), 2: _evaluated(2, False),
+         3: _evaluated(3, True), 4: _evaluated(4, True)}
+  runs = [{0: _evaluated(0, False, r_price=False), 1: _evaluated(1, True), 2: _evaluated(2, True),
+           3: _evaluated(3, True), 4: _evaluated(4, False, r_att=0.5, r_option=0.0)},
+          {0: _evaluated(0, False, r_att=0.5), 1: _evaluated(1, True), 2: _evaluated(2, False),
+           3: _evaluated(3, True), 4: _evaluated(4, False)}]
+  outcome = failure_modes.goal_outcomes(sft, runs)
+  assert outcome == {"runs": 2, "sft_failed": 3, "fixed_by_every_run": 1, "fixed_by_some_runs": 1, "fixed_by_no_run": 1,
+                     "never_fixed_sft_shortfall": {"price": 1}, "never_fixed_runs_shortfall": {"price": 1, "att": 1},
+                     "sft_solved": 2, "lost_by_some_run": 1, "lost_by_every_run": 1}
+  assert failure_modes.shortfall(runs[0][4]) == "att+option" and failure_modes.shortfall(runs[1][4]) == "no purchase"
+  with pytest.raises(SystemExit, match="same test goals"):
+    failure_modes.goal_outcomes(sft, [{0: sft[0]}])
+  # from workspaces: upstream's evaluation is the reference, seed<k>_<arm>'s are the runs
+  for workspace, records in (("upstream", sft), ("seed0_sparse", runs[0]), ("seed1_sparse", runs[1])):
+    path = tmp_path / workspace / "trajectories" / "eval_policy.p0.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records.values()))
+  assert failure_modes.collect_goals(tmp_path) == {"sparse": outcome}
+  assert "| sparse (2) | 3 | 1 / 1 / 1 | price 1 | price 1, att 1 | 2 | 1 / 1 |" in failure_modes.goals_table({"sparse": outcome})
