@@ -33,7 +33,11 @@ between the two is large. How far PPO with a KL penalty can pull that share: tre
 one decision with the score gap g between its two outcomes (reward units) and the sampling share p0
 as the reference policy's, the optimum of E[R] - beta * KL(pi || ref) is the share
 p0 * exp(g / beta) / (p0 * exp(g / beta) + 1 - p0), given per row for each --kl-coefs beta (an
-approximation: goals differ in p0 and g, and later steps are held fixed). A third table, from the
+approximation: goals differ in p0 and g, and later steps are held fixed). A third table, over the
+episodes whose first pick came from a results page whose top listing is over the instruction's budget
+while another listing is under it (the trap a policy that always opens the top result falls into):
+how many, the share that picked another listing, and success when they picked the top one and when
+another. A fourth table, from the
 final greedy evaluations on the test goals (trajectories/eval_*.jsonl: the upstream workspace's SFT
 policy, each seed<k>_<arm> workspace's PPO policy): of the goals the SFT policy failed, how many every
 run, some runs or no run of an arm fixed, and why the episodes on the goals no run fixed fell short
@@ -81,18 +85,20 @@ def listed_products(observation: str) -> list[tuple[str, float | None]]:
 
 
 def first_pick(record: dict) -> dict[str, bool] | None:
-  """Whether the episode's first product opened from a results page was the top listing, and whether it
-  was over the instruction's budget while the page listed one under it (None: no such pick)."""
+  """Of the episode's first product opened from a results page: was it the top listing; was it over the
+  instruction's budget while the page listed one under it; was the top listing so (the trap)? None: no
+  such pick."""
   budget = _BUDGET.search(record["instruction"])
   for step in record["steps"]:
     action = (step.get("parsed_action") or "").strip()
     listed = listed_products(step.get("observation") or "")
     if step.get("valid") and _PRODUCT_CLICK.match(action) and listed:
+      limit = float(budget[1]) if budget else None
+      over = lambda price: limit is not None and price is not None and price >= limit
+      one_under = limit is not None and any(price is not None and price < limit for _, price in listed)
       asin = _clicked(action)
-      prices = dict(listed)
-      over = (budget is not None and prices.get(asin) is not None and prices[asin] >= float(budget[1])
-              and any(price is not None and price < float(budget[1]) for _, price in listed))
-      return {"top": asin == listed[0][0], "over_budget": over}
+      return {"top": asin == listed[0][0], "over_budget": over(dict(listed).get(asin)) and one_under,
+              "trap": over(listed[0][1]) and one_under}
   return None
 
 
@@ -128,9 +134,16 @@ def group_summary(records: list[dict]) -> dict[str, float]:
 
 
 def pick_summary(records: list[dict]) -> dict[str, float | None]:
-  picks = [pick for pick in map(first_pick, records) if pick is not None]
-  share = lambda key: round(100.0 * sum(pick[key] for pick in picks) / len(picks), 1) if picks else None
-  return {"picked_top": share("top"), "over_budget": share("over_budget")}
+  picked = [(pick, record) for record in records if (pick := first_pick(record)) is not None]
+  percent = lambda part, whole: round(100.0 * len(part) / len(whole), 1) if whole else None
+  trapped = [(pick, record) for pick, record in picked if pick["trap"]]
+  top = [record for pick, record in trapped if pick["top"]]
+  other = [record for pick, record in trapped if not pick["top"]]
+  return {"picked_top": percent([p for p, _ in picked if p["top"]], picked),
+          "over_budget": percent([p for p, _ in picked if p["over_budget"]], picked),
+          "trap_episodes": len(trapped), "trap_picked_other": percent(other, trapped),
+          "trap_success_top": percent([r for r in top if r["success"]], top),
+          "trap_success_other": percent([r for r in other if r["success"]], other)}
 
 
 def query_names_values(record: dict) -> bool | None:
@@ -267,6 +280,15 @@ def table(report: dict[str, dict], kl_coefs: tuple[float, ...] = ()) -> str:
                                   "success_after_back", "opened_two", "no_purchase", "repeated_action",
                                   "picked_top", "over_budget")]
       lines.append(f"| {arm} ({groups['runs']}): {group} | " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
+  lines += ["", "Over-budget top listing: first picks from a page whose top listing is at or over the budget while "
+            "another is under it", "", "| arm (runs) | such episodes | picked another listing % | success % when "
+            "they picked the top one / another |", "|---|---|---|---|"]
+  for arm, groups in report.items():
+    for group, s in groups.items():
+      if group not in ("runs", "first search"):
+        cell = lambda key: "-" if s[key] is None else str(s[key])
+        lines.append(f"| {arm} ({groups['runs']}): {group} | {s['trap_episodes']} | {cell('trap_picked_other')} | "
+                     f"{cell('trap_success_top')} / {cell('trap_success_other')} |")
   lines += ["", "First search, on the goals that name option values: does the query name them all?", "",
             "| arm (runs) | episodes | query names the values % | success % with / without them "
             "| score with / without them |" + "".join(f" KL-optimum share, beta {b} % |" for b in kl_coefs),

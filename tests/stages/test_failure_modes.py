@@ -66,10 +66,12 @@ def test_runs_pool_by_arm_first_and_last_iterations_apart(tmp_path):
   first, last = report["sparse"]["train rollouts, first 1 iterations"], report["sparse"]["train rollouts, last 1 iterations"]
   assert first == {"episodes": 4, "success": 0.0, "bought_without_option": 100.0, "other_failures": 0.0,
                    "went_back": 0.0, "success_after_back": None, "opened_two": 0.0, "no_purchase": 0.0,
-                   "repeated_action": 0.0, "picked_top": None, "over_budget": None}
+                   "repeated_action": 0.0, "picked_top": None, "over_budget": None,
+                   "trap_episodes": 0, "trap_picked_other": None, "trap_success_top": None, "trap_success_other": None}
   assert last == {"episodes": 4, "success": 50.0, "bought_without_option": 0.0, "other_failures": 50.0,
                   "went_back": 50.0, "success_after_back": 100.0, "opened_two": 50.0, "no_purchase": 0.0,
-                  "repeated_action": 0.0, "picked_top": None, "over_budget": None}
+                  "repeated_action": 0.0, "picked_top": None, "over_budget": None,
+                   "trap_episodes": 0, "trap_picked_other": None, "trap_success_top": None, "trap_success_other": None}
   assert "| spa_penalty (1): train rollouts, first 1 iterations | 1 | 100.0 |" in failure_modes.table(report)
 
 
@@ -125,11 +127,19 @@ def test_the_first_pick_from_a_results_page_is_checked_against_the_listing_and_t
   assert failure_modes.listed_products(RESULTS_PAGE) == [("b0262lpgh8", 67.47), ("b07au9cbg2", 24.99), ("b0haeffm7s", 1020.0)]
   assert failure_modes.listed_products("Observation:\nInstruction: [SEP] x [SEP] Buy Now") == []
   # the top listing at $67.47 while $24.99 was listed: over the $50 budget past one under it
-  assert failure_modes.first_pick(_picked("B0262LPGH8")) == {"top": True, "over_budget": True}
-  assert failure_modes.first_pick(_picked("B07AU9CBG2")) == {"top": False, "over_budget": False}
+  assert failure_modes.first_pick(_picked("B0262LPGH8")) == {"top": True, "over_budget": True, "trap": True}
+  assert failure_modes.first_pick(_picked("B07AU9CBG2")) == {"top": False, "over_budget": False, "trap": True}
+  assert failure_modes.first_pick(_picked("B0HAEFFM7S")) == {"top": False, "over_budget": True, "trap": True}
   assert failure_modes.first_pick(_episode([SEARCH], False, purchased=False)) is None
-  summary = failure_modes.group_summary([_picked("B0262LPGH8"), _picked("B07AU9CBG2", True), _episode([SEARCH], False, False)])
-  assert summary["picked_top"] == 50.0 and summary["over_budget"] == 50.0
+  # a budget above every listing: no trap, nothing over it
+  roomy = _picked("B0262LPGH8")
+  roomy["instruction"] = roomy["instruction"].replace("50.00", "2000.00")
+  assert failure_modes.first_pick(roomy) == {"top": True, "over_budget": False, "trap": False}
+  summary = failure_modes.group_summary([_picked("B0262LPGH8"), _picked("B07AU9CBG2", True), _picked("B07AU9CBG2"),
+                                         _episode([SEARCH], False, False), roomy])
+  assert summary["picked_top"] == 50.0 and summary["over_budget"] == 25.0
+  assert (summary["trap_episodes"], summary["trap_picked_other"]) == (3, 66.7)
+  assert (summary["trap_success_top"], summary["trap_success_other"]) == (0.0, 50.0)
 
 
 def _evaluated(task: int, success: bool, **terms) -> dict:
