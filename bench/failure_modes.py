@@ -33,17 +33,18 @@ between the two is large. How far PPO with a KL penalty can pull that share: tre
 one decision with the score gap g between its two outcomes (reward units) and the sampling share p0
 as the reference policy's, the optimum of E[R] - beta * KL(pi || ref) is the share
 p0 * exp(g / beta) / (p0 * exp(g / beta) + 1 - p0), given per row for each --kl-coefs beta (an
-approximation: goals differ in p0 and g, and later steps are held fixed). A third table, over the
-episodes whose first pick came from a results page whose top listing is over the instruction's budget
-while another listing is under it (the trap a policy that always opens the top result falls into):
-how many, the share that picked another listing, and success when they picked the top one and when
-another. A fourth table, from the
-final greedy evaluations on the test goals (trajectories/eval_*.jsonl: the upstream workspace's SFT
-policy, each seed<k>_<arm> workspace's PPO policy): of the goals the SFT policy failed, how many every
-run, some runs or no run of an arm fixed, and why the episodes on the goals no run fixed fell short
-(the WebShop reward terms below 1: type, att(ributes), option, price; or no purchase); of the goals SFT
-solved, how many at least one run and every run lost. Appends a section to bench/RESULTS.md (unless --no-results) and ends with
-ONE JSON line on stdout.
+approximation: goals differ in p0 and g, and later steps are held fixed).
+
+A third table, over the episodes whose first pick came from a results page whose top listing is over
+the instruction's budget while another listing is under it (the trap a policy that always opens the
+top result falls into): how many, the share that picked another listing, and success when they picked
+the top one and when another. A fourth, from the final greedy evaluations on the test goals
+(trajectories/eval_*.jsonl: the upstream workspace's SFT policy, each seed<k>_<arm> workspace's PPO
+policy): of the goals the SFT policy failed, how many every run, some runs or no run of an arm fixed,
+and why the episodes on the goals no run fixed fell short (the WebShop reward terms below 1: type,
+att(ributes), option, price; or no purchase); of the goals SFT solved, how many at least one run and
+every run lost. Appends a section to bench/RESULTS.md (unless --no-results) and ends with ONE JSON line
+on stdout.
 """
 
 import argparse
