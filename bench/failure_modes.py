@@ -42,7 +42,8 @@ the top one and when another. A fourth, from the final greedy evaluations on the
 (trajectories/eval_*.jsonl: the upstream workspace's SFT policy, each seed<k>_<arm> workspace's PPO
 policy): of the goals the SFT policy failed, how many every run, some runs or no run of an arm fixed,
 and why the episodes on the goals no run fixed fell short (the WebShop reward terms below 1: type,
-att(ributes), option, price; or no purchase); of the goals SFT solved, how many at least one run and
+att(ributes), option, price; or no purchase; and how many of the price shortfalls picked an over-budget
+top listing past one under budget); of the goals SFT solved, how many at least one run and
 every run lost. Appends a section to bench/RESULTS.md (unless --no-results) and ends with ONE JSON line
 on stdout.
 """
@@ -197,10 +198,13 @@ def goal_outcomes(reference: dict[int, dict], runs: list[dict[int, dict]]) -> di
   never = [task for task, count in fixes.items() if count == 0]
   losses = [sum(not run[task]["success"] for run in runs) for task, r in reference.items() if r["success"]]
   counts = lambda records: dict(collections.Counter(map(shortfall, records)).most_common())
+  priced = [run[task] for task in never for run in runs if "price" in shortfall(run[task])]
+  trapped = lambda record: (pick := first_pick(record)) is not None and pick["trap"] and pick["top"]
   return {"runs": len(runs), "sft_failed": len(fixes), "fixed_by_every_run": sum(c == len(runs) for c in fixes.values()),
           "fixed_by_some_runs": sum(0 < c < len(runs) for c in fixes.values()), "fixed_by_no_run": len(never),
           "never_fixed_sft_shortfall": counts(reference[task] for task in never),
           "never_fixed_runs_shortfall": counts(run[task] for task in never for run in runs),
+          "never_fixed_price_shortfalls": len(priced), "of_them_top_pick_over_budget": sum(map(trapped, priced)),
           "sft_solved": len(losses), "lost_by_some_run": sum(c > 0 for c in losses),
           "lost_by_every_run": sum(c == len(runs) for c in losses)}
 
@@ -312,11 +316,13 @@ def goals_table(goals: dict[str, dict]) -> str:
   shortfalls = lambda counts: ", ".join(f"{reason} {count}" for reason, count in counts.items()) or "-"
   lines = ["", "", "Final greedy evaluations, goal by goal, against the SFT policy's (upstream):", "",
            "| arm (runs) | goals SFT failed | fixed by every run / some / none | SFT's shortfall on the never-fixed "
-           "| the runs' shortfalls there | goals SFT solved | lost by some run / every run |",
-           "|---|---|---|---|---|---|---|"]
+           "| the runs' shortfalls there | of their price shortfalls: the top listing picked over budget "
+           "| goals SFT solved | lost by some run / every run |",
+           "|---|---|---|---|---|---|---|---|"]
   lines += [f"| {arm} ({g['runs']}) | {g['sft_failed']} | {g['fixed_by_every_run']} / {g['fixed_by_some_runs']} / "
             f"{g['fixed_by_no_run']} | {shortfalls(g['never_fixed_sft_shortfall'])} | "
-            f"{shortfalls(g['never_fixed_runs_shortfall'])} | {g['sft_solved']} | {g['lost_by_some_run']} / "
+            f"{shortfalls(g['never_fixed_runs_shortfall'])} | {g['of_them_top_pick_over_budget']} of "
+            f"{g['never_fixed_price_shortfalls']} | {g['sft_solved']} | {g['lost_by_some_run']} / "
             f"{g['lost_by_every_run']} |" for arm, g in goals.items()]
   return "\n".join(lines)
 

@@ -150,13 +150,14 @@ def _evaluated(task: int, success: bool, **terms) -> dict:
 def test_goal_outcomes_follow_each_sft_failure_and_success_through_the_runs(tmp_path):
   sft = {0: _evaluated(0, False, r_price=False), 1: _evaluated(1, False, r_option=0.0), 2: _evaluated(2, False),
          3: _evaluated(3, True), 4: _evaluated(4, True)}
-  runs = [{0: _evaluated(0, False, r_price=False), 1: _evaluated(1, True), 2: _evaluated(2, True),
+  runs = [{0: {**_picked("B0262LPGH8"), **_evaluated(0, False, r_price=False)}, 1: _evaluated(1, True), 2: _evaluated(2, True),
            3: _evaluated(3, True), 4: _evaluated(4, False, r_att=0.5, r_option=0.0)},
           {0: _evaluated(0, False, r_att=0.5), 1: _evaluated(1, True), 2: _evaluated(2, False),
            3: _evaluated(3, True), 4: _evaluated(4, False)}]
   outcome = failure_modes.goal_outcomes(sft, runs)
   assert outcome == {"runs": 2, "sft_failed": 3, "fixed_by_every_run": 1, "fixed_by_some_runs": 1, "fixed_by_no_run": 1,
                      "never_fixed_sft_shortfall": {"price": 1}, "never_fixed_runs_shortfall": {"price": 1, "att": 1},
+                     "never_fixed_price_shortfalls": 1, "of_them_top_pick_over_budget": 1,
                      "sft_solved": 2, "lost_by_some_run": 1, "lost_by_every_run": 1}
   assert failure_modes.shortfall(runs[0][4]) == "att+option" and failure_modes.shortfall(runs[1][4]) == "no purchase"
   with pytest.raises(SystemExit, match="same test goals"):
@@ -167,4 +168,4 @@ def test_goal_outcomes_follow_each_sft_failure_and_success_through_the_runs(tmp_
     path.parent.mkdir(parents=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in records.values()))
   assert failure_modes.collect_goals(tmp_path) == {"sparse": outcome}
-  assert "| sparse (2) | 3 | 1 / 1 / 1 | price 1 | price 1, att 1 | 2 | 1 / 1 |" in failure_modes.goals_table({"sparse": outcome})
+  assert "| sparse (2) | 3 | 1 / 1 / 1 | price 1 | price 1, att 1 | 1 of 1 | 2 | 1 / 1 |" in failure_modes.goals_table({"sparse": outcome})
