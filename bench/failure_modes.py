@@ -43,9 +43,8 @@ the top one and when another. A fourth, from the final greedy evaluations on the
 policy): of the goals the SFT policy failed, how many every run, some runs or no run of an arm fixed,
 and why the episodes on the goals no run fixed fell short (the WebShop reward terms below 1: type,
 att(ributes), option, price; or no purchase; and how many of the price shortfalls picked an over-budget
-top listing past one under budget); of the goals SFT solved, how many at least one run and
-every run lost. Appends a section to bench/RESULTS.md (unless --no-results) and ends with ONE JSON line
-on stdout.
+top listing past one under budget); of the goals SFT solved, how many at least one run and every run
+lost. Appends a section to bench/RESULTS.md (unless --no-results) and ends with ONE JSON line on stdout.
 """
 
 import argparse
@@ -56,15 +55,15 @@ import pathlib
 import re
 
 import results_log
-from webshop.expert import requested_values
+from webshop.expert import requested_price_limit, requested_values
 
-_PRODUCT_CLICK = re.compile(r"^click\[b0[0-9a-z]{8}\]$", re.IGNORECASE)
+_ASIN_TEXT = r"b0[0-9a-z]{8}"
+_PRODUCT_CLICK = re.compile(rf"^click\[{_ASIN_TEXT}\]$", re.IGNORECASE)
 _CLICK = re.compile(r"^click\[(.*)\]$", re.IGNORECASE)
 _BACK = ("< prev", "back to search")
 _SEARCH = re.compile(r"^search\[(.*)\]$", re.IGNORECASE)
 _RUN_FILE = re.compile(r"^ppo_(?P<mode>.+)_(?P<kind>it|eval)(?P<index>\d+)\.p\d+\.jsonl$")
-_ASIN = re.compile(r"^b0[0-9a-z]{8}$", re.IGNORECASE)
-_BUDGET = re.compile(r"price lower than ([0-9.]+) dollars", re.IGNORECASE)
+_ASIN = re.compile(rf"^{_ASIN_TEXT}$", re.IGNORECASE)
 _PRICE = re.compile(r"^\$([0-9.,]+)")
 _SHORTFALLS = ("r_type", "r_att", "r_option", "r_price")
 
@@ -90,12 +89,11 @@ def first_pick(record: dict) -> dict[str, bool] | None:
   """Of the episode's first product opened from a results page: was it the top listing; was it over the
   instruction's budget while the page listed one under it; was the top listing so (the trap)? None: no
   such pick."""
-  budget = _BUDGET.search(record["instruction"])
+  limit = requested_price_limit(record["instruction"])
   for step in record["steps"]:
     action = (step.get("parsed_action") or "").strip()
     listed = listed_products(step.get("observation") or "")
     if step.get("valid") and _PRODUCT_CLICK.match(action) and listed:
-      limit = float(budget[1]) if budget else None
       over = lambda price: limit is not None and price is not None and price >= limit
       one_under = limit is not None and any(price is not None and price < limit for _, price in listed)
       asin = _clicked(action)

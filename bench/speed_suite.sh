@@ -16,8 +16,8 @@
 # default 2048) and ENVS (default 256 where 125 GB are usable, else 128): 256 rows of 2,048 slots are
 # 59 GB of bf16 cache, and a 512-token prefill chunk's dense attention holds float32 logits of
 # rows x 24 heads x 512 x slots (26 GB), so 4,096 slots at 256 rows do not fit an H200;
-# TOKENS (new tokens per turn of the rollout step, default "64 32 128"); ITERATIONS (default 4); PPO_ATTENTION (default dense); MEM_FRACTION (default 0.92 of the GPU memory
-# for each process). The benchmarks do not append to bench/RESULTS.md here (--no-results): copy their
+# TOKENS (new tokens per turn of the rollout step, default "64 32 128"); ITERATIONS (default 4);
+# PPO_ATTENTION (default dense); MEM_FRACTION (default 0.92 of the GPU memory for each process). The benchmarks do not append to bench/RESULTS.md here (--no-results): copy their
 # tables there with the commit.
 set -uo pipefail
 ROOT=${ROOT:-/tmp/speed} STEPS=${STEPS:-decode rollout ppo} CACHE=${CACHE:-2048} ITERATIONS=${ITERATIONS:-4}

@@ -149,7 +149,11 @@ def test_recovery_is_drawn_per_goal_and_leaves_the_other_episodes_as_they_were(r
 
 
 def test_requested_values_are_the_goal_options_the_instruction_names(embedded):
-  from webshop.expert import requested_values
+  from webshop.expert import requested_price_limit, requested_values
+  assert requested_price_limit("Find me bed sheets with color: white, and price lower than 1050.00 Dollars") == 1050.0
+  assert requested_price_limit("i need potato chips") is None
+  for goal in embedded.goals[:300]:
+    assert requested_price_limit(goal["instruction_text"]) == pytest.approx(goal["price_upper"])
   assert requested_values("Find me bed sheets with color: white | grey, and size: queen, and price lower "
                           "than 50.00 dollars") == ["white | grey", "queen"]
   assert requested_values("i need potato chips, and price lower than 20.00 dollars") == []

@@ -71,7 +71,7 @@ def test_runs_pool_by_arm_first_and_last_iterations_apart(tmp_path):
   assert last == {"episodes": 4, "success": 50.0, "bought_without_option": 0.0, "other_failures": 50.0,
                   "went_back": 50.0, "success_after_back": 100.0, "opened_two": 50.0, "no_purchase": 0.0,
                   "repeated_action": 0.0, "picked_top": None, "over_budget": None,
-                   "trap_episodes": 0, "trap_picked_other": None, "trap_success_top": None, "trap_success_other": None}
+                  "trap_episodes": 0, "trap_picked_other": None, "trap_success_top": None, "trap_success_other": None}
   assert "| spa_penalty (1): train rollouts, first 1 iterations | 1 | 100.0 |" in failure_modes.table(report)
 
 

@@ -206,6 +206,13 @@ def requested_values(instruction_text: str) -> list[str]:
     return [pair.split(": ", 1)[1].strip() for pair in pairs if ": " in pair]
 
 
+def requested_price_limit(instruction_text: str) -> float | None:
+    """The price an instruction asks to stay under ("..., and price lower than 50.00 dollars" -> 50.0;
+    None when it names none)."""
+    match = _PRICE_TEXT.search(instruction_text.lower())
+    return float(match[1]) if match else None
+
+
 def action_of(response: str) -> str:
     """The action line of a `Thought: ...\\nAction: ...` turn."""
     return response.rsplit("Action: ", 1)[-1].strip()
